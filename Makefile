@@ -1,0 +1,28 @@
+# The two commands a person needs: `make test` (and, once the elastic core lands, `make demo`).
+# Both run `make setup` first, which installs everything from this checkout's own files.
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup lint test bench-store clean
+
+setup: $(STAMP)
+
+$(STAMP): scripts/setup.sh constraints.txt requirements-dev.txt pyproject.toml
+	VENV=$(VENV) bash scripts/setup.sh
+	touch $@
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+# Store latency and throughput figures (not a test): see bench/store_bench.py.
+bench-store: setup
+	$(BIN)/python bench/store_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

