@@ -10,3 +10,24 @@ ETCD_BIN: Final = "ELASTIC_ALLREDUCE_ETCD_BIN"
 ETCD_ENDPOINTS: Final = "ELASTIC_ALLREDUCE_ETCD"
 #: Job id when no --job-id flag is given.
 JOB_ID: Final = "ELASTIC_ALLREDUCE_JOB_ID"
+#: The worker slot id ("<node-id>.<index>") of a training process (set by the agent).
+SLOT: Final = "ELASTIC_ALLREDUCE_SLOT"
+#: How many times this slot's process was started (1 for the first; set by the agent).
+INCARNATION: Final = "ELASTIC_ALLREDUCE_INCARNATION"
+#: TTL in seconds of a training process's liveness lease (set by the agent).
+PROCESS_TTL: Final = "ELASTIC_ALLREDUCE_PROCESS_TTL"
+#: The ring epoch a training process joined first (set by the bootstrap).
+RING_EPOCH: Final = "ELASTIC_ALLREDUCE_RING_EPOCH"
+
+#: Horovod's own variables that the agent and bootstrap set.
+HOROVOD_RENDEZVOUS_ADDR: Final = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+HOROVOD_RENDEZVOUS_PORT: Final = "HOROVOD_GLOO_RENDEZVOUS_PORT"
+HOROVOD_HOSTNAME: Final = "HOROVOD_HOSTNAME"
+HOROVOD_RANK_VARIABLES: Final = (
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+)

@@ -1,24 +1,27 @@
-"""The ``elastic-run`` command line.
-
-Only what exists is offered: a private etcd server and a look at a job's keys in the store.
-Running, joining, scaling and inspecting training jobs arrive with the elastic core.
-"""
+"""The ``elastic-run`` command line: run an elastic job locally, and tools around it."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 
 from elastic_allreduce import __version__, env
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
+from elastic_allreduce.store.api import validate_job_id
+from launcher.agent import AgentSettings, python_script_args
+from launcher.launcher import Launcher, LaunchSettings
+from launcher.policy import JobSettings
+from launcher.provisioners.local import LocalProvisioner
 
 log = logging.getLogger("elastic-run")
 
@@ -26,8 +29,18 @@ _DESCRIPTION = """\
 elastic-run: elastic, fault-tolerant TensorFlow 2 training on Horovod's ring allreduce,
 with membership kept in etcd.
 
-This development release ships the membership store and a private etcd server. The training
-commands (running a job, join, scale, status) are not implemented yet.
+  elastic-run [OPTIONS] -- python train.py [ARGS]   run a job on this machine
+  elastic-run COMMAND ...                           the commands below
+
+Run `elastic-run run --help` for the options of a job. Workers that die are dropped (or
+restarted, up to --max-restarts); the others roll back to their last commit and continue.
+"""
+
+_RUN_DESCRIPTION = """\
+Run an elastic training job on this machine: a launcher and --workers local worker nodes,
+each running --nproc-per-node copies of COMMAND (a Python script using Horovod's elastic API or
+elastic_allreduce). Without --etcd a private etcd is started and removed afterwards. The exit
+code is the job's: 0 when training finished on every rank, 1 when it failed, 2 for bad input.
 """
 
 
@@ -40,6 +53,45 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"elastic-run {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="run a job locally (the default: `elastic-run [OPTIONS] -- COMMAND`)",
+        description=_RUN_DESCRIPTION,
+    )
+    where = run.add_mutually_exclusive_group()
+    where.add_argument(
+        "--standalone", action="store_true", help="start a private etcd for this job (the default)"
+    )
+    where.add_argument("--etcd", metavar="HOST:PORT[,...]", help="use this etcd instead")
+    run.add_argument("--job-id", metavar="NAME", help="the job's id (default: a new one)")
+    run.add_argument("--workers", type=int, default=2, metavar="N", help="worker nodes (default 2)")
+    run.add_argument(
+        "--min-workers", type=int, metavar="N", help="fewest nodes to train with (default 1)"
+    )
+    run.add_argument("--max-workers", type=int, metavar="N", help="most nodes (default --workers)")
+    run.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="K",
+        help="training processes per node (default 1)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="crashed processes restarted in all before the job fails (default 3)",
+    )
+    run.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the job may have fewer than --min-workers before it fails (default 60)",
+    )
+    run.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
 
     etcd = commands.add_parser(
         "etcd",
@@ -124,9 +176,77 @@ def _run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+_COMMANDS = ("run", "etcd", "keys")
+
+
+def _run_job(args: argparse.Namespace) -> int:
+    command = list(args.command_args)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
+    workers = args.workers
+    min_workers = 1 if args.min_workers is None else args.min_workers
+    max_workers = workers if args.max_workers is None else args.max_workers
+    if workers < 1 or min_workers < 1:
+        raise ConfigError(
+            f"--workers ({workers}) and --min-workers ({min_workers}) must be at least 1"
+        )
+    if not min_workers <= workers <= max_workers:
+        raise ConfigError(
+            "need --min-workers <= --workers <= --max-workers, "
+            f"got {min_workers} <= {workers} <= {max_workers}"
+        )
+    if args.nproc_per_node < 1 or args.max_restarts < 0:
+        raise ConfigError("--nproc-per-node must be at least 1 and --max-restarts at least 0")
+    python_script_args(command)
+    job_id = args.job_id or f"job-{int(time.time()) % 100000}-{os.getpid() % 1000}"
+    validate_job_id(job_id)
+    logging.getLogger().setLevel(logging.INFO)
+    settings = JobSettings(
+        min_workers=min_workers,
+        max_workers=max_workers,
+        nproc_per_node=args.nproc_per_node,
+        max_restarts=args.max_restarts,
+        wait_timeout=args.wait_timeout,
+    )
+    with contextlib.ExitStack() as stack:
+        etcd = args.etcd
+        if etcd is None:
+            server = stack.enter_context(EmbeddedEtcd())
+            etcd = server.endpoints_text
+        else:
+            EtcdStore(etcd, job_id).check()
+        print(f"elastic-run: job {job_id} on etcd {etcd}", flush=True)
+        template = AgentSettings(
+            etcd=etcd,
+            job_id=job_id,
+            node_id="",
+            nproc_per_node=args.nproc_per_node,
+            command=tuple(command),
+        )
+        launcher = Launcher(
+            LaunchSettings(etcd, job_id, workers, settings), LocalProvisioner(template)
+        )
+        result = launcher.run()
+    print(
+        f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "
+        f"{result.reason}",
+        flush=True,
+    )
+    return 0 if result.succeeded else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``elastic-run``; returns the process exit code."""
-    args = _build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if (
+        arguments
+        and arguments[0] not in _COMMANDS
+        and arguments[0] not in ("-h", "--help", "--version")
+    ):
+        arguments = ["run", *arguments]
+    args = _build_parser().parse_args(arguments)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -134,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "etcd":
             return _run_etcd(args)
+        if args.command == "run":
+            return _run_job(args)
         return _run_keys(args)
     except ElasticAllreduceError as exc:
         print(f"elastic-run {args.command}: error: {exc}", file=sys.stderr)

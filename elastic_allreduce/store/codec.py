@@ -23,6 +23,11 @@ def encode(value: JsonValue) -> bytes:
     ).encode()
 
 
+def as_int(value: JsonValue, default: int) -> int:
+    """``value`` if it is an int (not a bool), else ``default`` (for optional stored fields)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def decode(key: str, raw: bytes) -> JsonValue:
     """Unwrap a stored value; raises MalformedValueError saying what is wrong with it."""
     try:

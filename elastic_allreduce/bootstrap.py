@@ -1,0 +1,199 @@
+"""Start one training process of an elastic job: ``python -m elastic_allreduce.bootstrap SCRIPT``.
+
+The agent runs every training process through this module, which
+
+1. registers the process in the store under a lease of its own (``procs/<slot>``), so a hung
+   process (SIGSTOP, a deadlock) is noticed when its lease expires;
+2. imports TensorFlow and Horovod -- the slow part -- *before* saying it is ready, so that once
+   its epoch starts it reaches ``hvd.init()`` in moments;
+3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
+   Horovod's rank variables and ``HOROVOD_ELASTIC=1`` (re-initialisations then ask the launcher);
+4. starts a guard thread that, when the launcher re-forms the ring after a failure while this
+   process has not yet asked for its new rank, shuts down this process's peer connections: a
+   Gloo collective waiting on a peer that already gave up then fails at once instead of after
+   Gloo's timeout;
+5. runs the user's script (or ``-m module``) as ``__main__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import runpy
+import socket
+import sys
+import threading
+import urllib.request
+from collections.abc import Sequence
+
+from elastic_allreduce import env
+from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, StoreError
+from elastic_allreduce.rendezvous.model import NOT_ADMITTED_EXIT_CODE, Ring, RingState
+from elastic_allreduce.store import EtcdStore, EventType, Lease, Watch
+
+log = logging.getLogger("elastic_allreduce.bootstrap")
+
+_TCP_ESTABLISHED = "01"
+
+
+def _required(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(
+            f"{name} is not set: training processes are started by `elastic-run`, not directly"
+        )
+    return value
+
+
+def established_peer_sockets(excluded_remote_ports: set[int]) -> list[int]:
+    """File descriptors of this process's established TCP connections, but for excluded ports."""
+    inodes: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as handle:
+            next(handle, None)
+            for line in handle:
+                fields = line.split()
+                if len(fields) < 10 or fields[3] != _TCP_ESTABLISHED:
+                    continue
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if remote_port not in excluded_remote_ports:
+                    inodes[fields[9]] = remote_port
+    descriptors = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                descriptors.append(int(name))
+    return descriptors
+
+
+def shutdown_sockets(descriptors: Sequence[int]) -> int:
+    """shutdown(2) each socket (the descriptors stay open for their owner); return how many."""
+    done = 0
+    for fd in descriptors:
+        with contextlib.suppress(OSError):
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            finally:
+                sock.close()
+    return done
+
+
+class RingGuard:
+    """Watches the ring; unblocks this process's collectives when its epoch failed."""
+
+    def __init__(self, store: EtcdStore, slot: str, epoch: int, excluded_ports: set[int]) -> None:
+        self._store = store
+        self._slot = slot
+        self._epoch = epoch
+        self._excluded = excluded_ports
+        self._stop = threading.Event()
+        self._watch: Watch = store.watch_prefix("ring")
+        self._thread = threading.Thread(target=self._run, name=f"ring-guard-{slot}", daemon=True)
+        self._handled = epoch
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._watch.get(1.0)
+            except StoreError as exc:
+                log.warning("slot %s: ring guard stopped: %s", self._slot, exc)
+                return
+            if event is None or event.type is not EventType.PUT or event.kv is None:
+                continue
+            try:
+                ring = Ring.from_json("ring", event.kv.value)
+            except ElasticAllreduceError:
+                continue
+            self._on_ring(ring)
+
+    def _on_ring(self, ring: Ring) -> None:
+        if ring.state is RingState.RUNNING and self._slot in ring.slots:
+            self._epoch = max(self._epoch, ring.epoch)
+            return
+        if (
+            ring.state is RingState.FORMING
+            and ring.cause == "failure"
+            and ring.epoch > max(self._epoch, self._handled)
+            and self._slot in ring.waiting
+        ):
+            self._handled = ring.epoch
+            count = shutdown_sockets(established_peer_sockets(self._excluded))
+            log.info(
+                "slot %s: epoch %d failed; shut down %d peer connections of epoch %d",
+                self._slot,
+                ring.epoch,
+                count,
+                self._epoch,
+            )
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.close()
+
+
+def _wait_for_first_epoch(address: str, port: int, slot: str) -> tuple[int, list[int]]:
+    url = f"http://{address}:{port}/elastic_ready/{slot}"
+    with urllib.request.urlopen(url, timeout=None) as reply:
+        fields = [int(v) for v in reply.read().decode().split(",")]
+    return fields[0], fields[1:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Register, wait for the first epoch, and run the training script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        raise SystemExit(
+            "usage: python -m elastic_allreduce.bootstrap SCRIPT [ARGS] | -m MODULE [ARGS]"
+        )
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s slot {os.environ.get(env.SLOT)}: %(message)s",
+    )
+    slot = _required(env.SLOT)
+    store = EtcdStore(_required(env.ETCD_ENDPOINTS), _required(env.JOB_ID))
+    lease: Lease = store.grant_lease(int(os.environ.get(env.PROCESS_TTL, "3")))
+    record = {
+        "pid": os.getpid(),
+        "incarnation": int(os.environ.get(env.INCARNATION, "1")),
+        "lease": lease.id,
+    }
+    store.put(f"procs/{slot}", {**record, "phase": "starting"}, lease=lease)
+
+    # The slow import happens before this process says it is ready.
+    import horovod.tensorflow  # noqa: F401, PLC0415
+
+    address = _required(env.HOROVOD_RENDEZVOUS_ADDR)
+    port = int(_required(env.HOROVOD_RENDEZVOUS_PORT))
+    epoch, ranks = _wait_for_first_epoch(address, port, slot)
+    if ranks[0] < 0:
+        print(f"slot {slot}: not admitted to any ring epoch; exiting", file=sys.stderr)
+        return NOT_ADMITTED_EXIT_CODE
+    for name, value in zip(env.HOROVOD_RANK_VARIABLES, ranks, strict=True):
+        os.environ[name] = str(value)
+    os.environ[env.RING_EPOCH] = str(epoch)
+    os.environ["HOROVOD_ELASTIC"] = "1"
+    store.put(f"procs/{slot}", {**record, "phase": "training", "epoch": epoch}, lease=lease)
+
+    excluded = {port, *(endpoint.port for endpoint in store.endpoints)}
+    guard = RingGuard(store, slot, epoch, excluded)
+    guard.start()
+
+    if args[0] == "-m":
+        sys.argv = args[1:]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = args
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+        runpy.run_path(args[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

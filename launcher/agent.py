@@ -1,0 +1,352 @@
+"""The agent: one per worker node. Registers the node and runs its training processes.
+
+It keeps ``members/<node>`` alive under its lease, starts ``nproc_per_node`` processes through
+:mod:`elastic_allreduce.bootstrap` with the Horovod environment, prefixes their output with job,
+ring epoch, rank and slot, reports every exit at ``exits/<slot>/<incarnation>`` (then revokes
+the dead process's lease so the launcher learns of it at once), follows the launcher's
+directives (``directives/<node>``: restart a slot, replace a stuck one, stop one), turns SIGTERM
+into a graceful leave, and stops its processes when the job ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Final
+
+from elastic_allreduce import env
+from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from elastic_allreduce.rendezvous.model import Ring, slot_id
+from elastic_allreduce.store import EtcdStore, KeyValue, Lease
+from elastic_allreduce.store.cache import PrefixCache
+from elastic_allreduce.store.codec import JsonValue
+
+log = logging.getLogger(__name__)
+
+_TAIL_LINES: Final = 20
+_FINAL_PHASES: Final = ("succeeded", "failed")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What one agent needs; the launcher or ``elastic-run join`` fills it in."""
+
+    etcd: str
+    job_id: str
+    node_id: str
+    nproc_per_node: int
+    command: tuple[str, ...]
+    host: str = "127.0.0.1"
+    gloo_iface: str = "lo"
+    lease_ttl: int = 3
+    process_ttl: int = 3
+    leave_timeout: float = 60.0
+    start_timeout: float = 60.0
+
+
+@dataclass
+class _Process:
+    index: int
+    incarnation: int
+    popen: subprocess.Popen[bytes]
+    tail: collections.deque[str]
+    reader: threading.Thread
+
+
+class Agent:
+    """Runs one node's training processes for one job (see the module docstring)."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        if settings.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {settings.nproc_per_node}")
+        self.settings = settings
+        self.store = EtcdStore(settings.etcd, settings.job_id)
+        self._events: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._procs: dict[int, _Process] = {}
+        self._desired: dict[int, int] = dict.fromkeys(range(settings.nproc_per_node), 1)
+        self._leaving = False
+        self._leave_deadline: float | None = None
+        self._ring: Ring | None = None
+        self._print_lock = threading.Lock()
+        self._started: dict[int, int] = {}
+        self._lease: Lease | None = None
+
+    # -- entry point -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until the job ends or this node has left; return the agent's exit code."""
+        settings = self.settings
+        if self.store.get("config/job") is None:
+            raise ConfigError(
+                f"unknown job {settings.job_id!r} at {self.store.describe()}: start it with "
+                "`elastic-run ...` first, or check --job-id and --etcd"
+            )
+        lease = self._lease = self.store.grant_lease(settings.lease_ttl)
+        member: JsonValue = {
+            "host": settings.host,
+            "slots": settings.nproc_per_node,
+            "pid": os.getpid(),
+        }
+        if self.store.create(f"members/{settings.node_id}", member, lease=lease) is None:
+            lease.revoke()
+            raise ConfigError(
+                f"node id {settings.node_id!r} is already a member of job {settings.job_id!r}"
+            )
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        cache = PrefixCache(self.store, "")
+        try:
+            rendezvous = self._wait_for_launcher(cache)
+            for index, incarnation in self._desired.items():
+                self._start(index, incarnation, rendezvous)
+            return self._serve(cache, rendezvous)
+        finally:
+            cache.close()
+            self._stop_all(grace=5.0)
+            self.store.close()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._events.put(("leave", None))
+
+    def _wait_for_launcher(self, cache: PrefixCache) -> str:
+        deadline = time.monotonic() + self.settings.start_timeout
+        while True:
+            leader = cache.get("launcher/leader")
+            if leader is not None and leader.malformed is None and isinstance(leader.value, dict):
+                rendezvous = leader.value.get("rendezvous")
+                if isinstance(rendezvous, str):
+                    return rendezvous
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"no launcher for job {self.settings.job_id!r} appeared within "
+                    f"{self.settings.start_timeout:.0f} s"
+                )
+            cache.poll(0.5)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _serve(self, cache: PrefixCache, rendezvous: str) -> int:
+        node = self.settings.node_id
+        while True:
+            cache.poll(0.05)
+            self._drain_events()
+            ring_kv = cache.get("ring")
+            if ring_kv is not None and ring_kv.malformed is None:
+                self._ring = Ring.from_json("ring", ring_kv.value)
+            status = cache.get("status/job")
+            if status is not None and _phase(status) in _FINAL_PHASES:
+                return 0
+            directive = cache.get(f"directives/{node}")
+            if directive is not None and directive.malformed is None:
+                self._apply(directive, rendezvous)
+            if self._leaving:
+                if not self._procs:
+                    log.info("node %s left job %s", node, self.settings.job_id)
+                    return 0
+                if self._leave_deadline is not None and time.monotonic() > self._leave_deadline:
+                    self._stop_all(grace=0.0)
+            elif not self._procs and not any(
+                incarnation > 0 for incarnation in self._desired.values()
+            ):
+                return 0
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "leave" and not self._leaving:
+                self._leaving = True
+                self._leave_deadline = time.monotonic() + self.settings.leave_timeout
+                self.store.put(
+                    f"members/{self.settings.node_id}",
+                    {
+                        "host": self.settings.host,
+                        "slots": self.settings.nproc_per_node,
+                        "leaving": True,
+                    },
+                    lease=self._lease,
+                )
+                log.info("node %s: SIGTERM, leaving the job gracefully", self.settings.node_id)
+            elif kind == "exit":
+                assert isinstance(payload, _Process)
+                self._on_exit(payload)
+
+    def _apply(self, directive: KeyValue, rendezvous: str) -> None:
+        value = directive.value
+        if not isinstance(value, dict) or not isinstance(value.get("slots"), dict):
+            return
+        desired = {int(k): int(v) for k, v in value["slots"].items()}  # type: ignore[union-attr, arg-type]
+        self._desired = {i: desired.get(i, 0) for i in range(self.settings.nproc_per_node)}
+        for index, incarnation in self._desired.items():
+            proc = self._procs.get(index)
+            if proc is not None and (incarnation == 0 or proc.incarnation < incarnation):
+                if proc.popen.poll() is None:
+                    log.info(
+                        "slot %s: stopping incarnation %d",
+                        slot_id(self.settings.node_id, index),
+                        proc.incarnation,
+                    )
+                    proc.popen.kill()
+                continue
+            if proc is None and incarnation > self._started.get(index, 0) and not self._leaving:
+                self._start(index, incarnation, rendezvous)
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _start(self, index: int, incarnation: int, rendezvous: str) -> None:
+        self._started[index] = incarnation
+        settings = self.settings
+        slot = slot_id(settings.node_id, index)
+        address, port = rendezvous.rsplit(":", 1)
+        child_env = dict(os.environ)
+        child_env.update(
+            {
+                env.ETCD_ENDPOINTS: settings.etcd,
+                env.JOB_ID: settings.job_id,
+                env.SLOT: slot,
+                env.INCARNATION: str(incarnation),
+                env.PROCESS_TTL: str(settings.process_ttl),
+                env.HOROVOD_RENDEZVOUS_ADDR: address,
+                env.HOROVOD_RENDEZVOUS_PORT: port,
+                env.HOROVOD_HOSTNAME: slot,
+                "HOROVOD_CONTROLLER": "gloo",
+                "HOROVOD_CPU_OPERATIONS": "gloo",
+                "HOROVOD_GLOO_IFACE": settings.gloo_iface,
+                "CUDA_VISIBLE_DEVICES": child_env.get("CUDA_VISIBLE_DEVICES", str(index)),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        command = [
+            sys.executable,
+            "-m",
+            "elastic_allreduce.bootstrap",
+            *python_script_args(settings.command),
+        ]
+        popen = subprocess.Popen(
+            command,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        proc = _Process(index, incarnation, popen, tail, threading.Thread())
+        proc.reader = threading.Thread(
+            target=self._pump, args=(proc, slot), name=f"output-{slot}", daemon=True
+        )
+        self._procs[index] = proc
+        proc.reader.start()
+        log.info("slot %s: started incarnation %d (pid %d)", slot, incarnation, popen.pid)
+
+    def _pump(self, proc: _Process, slot: str) -> None:
+        stream: IO[bytes] | None = proc.popen.stdout
+        assert stream is not None
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            proc.tail.append(line)
+            with self._print_lock:
+                sys.stdout.write(f"[{self._prefix(slot)}] {line}\n")
+                sys.stdout.flush()
+        proc.popen.wait()
+        self._events.put(("exit", proc))
+
+    def _prefix(self, slot: str) -> str:
+        ring = self._ring
+        if ring is not None and slot in ring.slots:
+            return f"{self.settings.job_id} e{ring.epoch} r{ring.slots.index(slot)} {slot}"
+        return f"{self.settings.job_id} e- r- {slot}"
+
+    def _on_exit(self, proc: _Process) -> None:
+        slot = slot_id(self.settings.node_id, proc.index)
+        code = proc.popen.returncode
+        record: JsonValue = {
+            "code": code if code >= 0 else None,
+            "signal": -code if code < 0 else None,
+            "tail": list(proc.tail),
+        }
+        self.store.put(f"exits/{slot}/{proc.incarnation}", record)
+        registered = self.store.get(f"procs/{slot}")
+        if registered is not None and registered.lease is not None and registered.malformed is None:
+            value = registered.value
+            if isinstance(value, dict) and value.get("incarnation") == proc.incarnation:
+                self.store.revoke_lease(registered.lease)
+        if self._procs.get(proc.index) is proc:
+            del self._procs[proc.index]
+        log.info("slot %s: incarnation %d exited (%s)", slot, proc.incarnation, _describe(code))
+
+    def _stop_all(self, grace: float) -> None:
+        for proc in list(self._procs.values()):
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        for proc in list(self._procs.values()):
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=10)
+
+
+def _phase(kv: KeyValue) -> str | None:
+    if kv.malformed is not None or not isinstance(kv.value, dict):
+        return None
+    phase = kv.value.get("phase")
+    return phase if isinstance(phase, str) else None
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def python_script_args(command: Sequence[str]) -> list[str]:
+    """The script (or ``-m module``) and arguments of ``python SCRIPT ARGS`` or ``SCRIPT.py``."""
+    args = list(command)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+    if not args:
+        raise ConfigError("the training command is missing: give `-- python train.py [ARGS]`")
+    if args[0] == "-m" and len(args) >= 2:
+        return args
+    if args[0].startswith("-") or not args[0].endswith(".py"):
+        raise ConfigError(
+            f"cannot run {' '.join(command)!r}: elastic-run runs Python training scripts; "
+            "give `-- python SCRIPT.py [ARGS]` or `-- python -m MODULE [ARGS]`"
+        )
+    if not os.path.isfile(args[0]):
+        raise ConfigError(f"training script {args[0]!r} does not exist")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m launcher.agent SETTINGS_JSON``: how the local provisioner starts agents."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    raw = json.loads((sys.argv[1:] if argv is None else list(argv))[0])
+    raw["command"] = tuple(raw["command"])
+    try:
+        return Agent(AgentSettings(**raw)).run()
+    except ElasticAllreduceError as exc:
+        print(f"elastic-run agent: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The launcher: one leader per job; executes the ring policy's decisions.
+
+It wins leadership by creating ``launcher/leader`` under its lease (a second launcher for the
+same job waits until that key is gone), serves the Gloo rendezvous, asks the provisioner for the
+initial nodes, then loops: read the job from the store and the rendezvous, let
+:class:`launcher.policy.RingPolicy` decide, execute the decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from elastic_allreduce.errors import ConfigError, StoreError
+from elastic_allreduce.store import EtcdStore, Lease
+from elastic_allreduce.store.cache import PrefixCache
+from elastic_allreduce.store.codec import as_int
+from launcher.policy import (
+    Decision,
+    Exit,
+    FinishJob,
+    JobSettings,
+    JobView,
+    Log,
+    Member,
+    NotifyWorkers,
+    Proc,
+    ReleaseWaiters,
+    RingPolicy,
+    SetDirective,
+    WriteRing,
+)
+from launcher.provisioners.api import Provisioner
+from launcher.rendezvous import Answer, ReadinessBoard, RendezvousService
+
+log = logging.getLogger("elastic-run")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """One job as the user launched it."""
+
+    etcd: str
+    job_id: str
+    workers: int
+    job: JobSettings
+    host: str = "127.0.0.1"
+    lease_ttl: int = 3
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How the job ended."""
+
+    succeeded: bool
+    reason: str
+
+
+class Launcher:
+    """Leads one job to its end (see the module docstring)."""
+
+    def __init__(self, settings: LaunchSettings, provisioner: Provisioner) -> None:
+        self.settings = settings
+        self.provisioner = provisioner
+        self.store = EtcdStore(settings.etcd, settings.job_id)
+        self.board = ReadinessBoard(on_change=lambda: None)
+        self.rendezvous = RendezvousService(self.board, wait_timeout=settings.job.wait_timeout + 60)
+        self._ring_revision = 0
+        self._epoch = 0
+
+    def run(self) -> JobResult:
+        """Lead the job until it succeeds or fails."""
+        lease = self.store.grant_lease(self.settings.lease_ttl)
+        try:
+            self._become_leader(lease)
+            self._write_config()
+            port = self.rendezvous.start()
+            rendezvous = f"{self.settings.host}:{port}"
+            self.store.put("launcher/leader", {"rendezvous": rendezvous}, lease=lease)
+            self.store.put("status/job", {"phase": "running"})
+            policy = RingPolicy(
+                self.settings.job, rendezvous, time.monotonic(), self.settings.workers
+            )
+            nodes = self.provisioner.start_nodes(self.settings.workers)
+            self._log(
+                f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}"
+            )
+            return self._loop(policy)
+        finally:
+            self.provisioner.close()
+            self.rendezvous.stop()
+            lease.revoke()
+            self.store.close()
+
+    def _become_leader(self, lease: Lease) -> None:
+        if self.store.create("launcher/leader", {"rendezvous": None}, lease=lease) is not None:
+            return
+        raise ConfigError(
+            f"job {self.settings.job_id!r} already has a live launcher at {self.store.describe()}; "
+            "use another --job-id, or `elastic-run join` to add a worker to it"
+        )
+
+    def _write_config(self) -> None:
+        existing = self.store.get("config/job")
+        if existing is not None:
+            status = self.store.get("status/job")
+            phase = status.value.get("phase") if status and isinstance(status.value, dict) else None
+            if phase in ("succeeded", "failed"):
+                raise ConfigError(
+                    f"job {self.settings.job_id!r} already {phase} at {self.store.describe()}; "
+                    "choose a new --job-id"
+                )
+        self.store.put("config/job", self.settings.job.to_json())
+
+    def _loop(self, policy: RingPolicy) -> JobResult:
+        cache = PrefixCache(self.store, "")
+        try:
+            while True:
+                cache.poll(0.02)
+                view = self._view(cache)
+                for decision in policy.step(view):
+                    result = self._execute(decision)
+                    if result is not None:
+                        return result
+        finally:
+            cache.close()
+
+    def _view(self, cache: PrefixCache) -> JobView:
+        procs: dict[str, Proc] = {}
+        members: dict[str, Member] = {}
+        exits: list[tuple[int, Exit]] = []
+        for key, kv in cache.items().items():
+            if kv.malformed is not None or not isinstance(kv.value, dict):
+                continue
+            value = kv.value
+            parts = key.split("/")
+            if parts[0] == "procs" and len(parts) == 2:
+                procs[parts[1]] = Proc(
+                    parts[1], as_int(value.get("incarnation"), 1), kv.create_revision
+                )
+            elif parts[0] == "members" and len(parts) == 2:
+                members[parts[1]] = Member(
+                    parts[1],
+                    as_int(value.get("slots"), 1),
+                    bool(value.get("leaving")),
+                    kv.create_revision,
+                )
+            elif parts[0] == "exits" and len(parts) == 3:
+                tail = value.get("tail") or []
+                exits.append(
+                    (
+                        kv.mod_revision,
+                        Exit(
+                            parts[1],
+                            int(parts[2]),
+                            as_int(value.get("code"), -1)
+                            if value.get("code") is not None
+                            else None,
+                            as_int(value.get("signal"), 0)
+                            if value.get("signal") is not None
+                            else None,
+                            tuple(str(line) for line in tail) if isinstance(tail, list) else (),
+                        ),
+                    )
+                )
+        exits.sort(key=lambda item: item[0])
+        return JobView(
+            now=time.monotonic(),
+            procs=procs,
+            members=members,
+            exits=tuple(e for _, e in exits),
+            waiting=self.board.waiting(),
+        )
+
+    def _execute(self, decision: Decision) -> JobResult | None:
+        if isinstance(decision, Log):
+            self._log(decision.message)
+        elif isinstance(decision, WriteRing):
+            self._epoch = decision.ring.epoch
+            revision = self.store.compare_and_swap(
+                "ring", decision.ring.to_json(), expected_mod_revision=self._ring_revision
+            )
+            if revision is None:
+                raise StoreError(
+                    f"job {self.settings.job_id}: the ring was changed by someone else; "
+                    "is a second launcher running?"
+                )
+            self._ring_revision = revision
+        elif isinstance(decision, ReleaseWaiters):
+            if any(a.rank >= 0 for _, a in decision.answers):
+                self.rendezvous.clear_gloo_scopes()
+            self.board.answer({slot: Answer(decision.epoch, a) for slot, a in decision.answers})
+        elif isinstance(decision, NotifyWorkers):
+            self.rendezvous.notify(list(decision.slots), decision.timestamp, decision.removed)
+        elif isinstance(decision, SetDirective):
+            self.store.put(
+                f"directives/{decision.node}",
+                {"slots": {str(index): inc for index, inc in decision.incarnations}},
+            )
+        elif isinstance(decision, FinishJob):
+            phase = "succeeded" if decision.succeeded else "failed"
+            self.store.put("status/job", {"phase": phase, "reason": decision.reason})
+            self._log(f"job {self.settings.job_id} {phase}: {decision.reason}")
+            return JobResult(decision.succeeded, decision.reason)
+        return None
+
+    def _log(self, message: str) -> None:
+        log.info("[%s e%d launcher] %s", self.settings.job_id, self._epoch, message)

@@ -1,0 +1,455 @@
+"""The launcher's decisions, as a pure state machine over snapshots of the job.
+
+:class:`RingPolicy.step` takes a :class:`JobView` (what the store and the rendezvous say now)
+and returns the decisions to execute, in order. It does no I/O, so every rule is unit-tested
+step by step; :mod:`launcher.launcher` executes the decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from elastic_allreduce.rendezvous.model import (
+    NOT_ADMITTED_EXIT_CODE,
+    REMOVED,
+    Ring,
+    RingState,
+    SlotAssignment,
+    next_membership,
+    split_slot,
+)
+from elastic_allreduce.store.codec import JsonValue
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the user asked for; stored at ``config/job`` so a restarted launcher reads it back."""
+
+    min_workers: int
+    max_workers: int
+    nproc_per_node: int
+    max_restarts: int
+    #: Seconds the job may stay below min_workers before it fails.
+    wait_timeout: float = 60.0
+    #: Seconds the first epoch waits for every initial worker before starting with >= min.
+    start_grace: float = 10.0
+    #: Seconds a member of a failed epoch may stay silent before it is killed and replaced.
+    stuck_timeout: float = 5.0
+    #: Seconds members of a resize epoch have to reach their next commit before it is treated
+    #: as a failure (their collectives are then interrupted).
+    resize_timeout: float = 60.0
+
+    def to_json(self) -> JsonValue:
+        return {
+            "min_workers": self.min_workers,
+            "max_workers": self.max_workers,
+            "nproc_per_node": self.nproc_per_node,
+            "max_restarts": self.max_restarts,
+            "wait_timeout": self.wait_timeout,
+            "start_grace": self.start_grace,
+            "stuck_timeout": self.stuck_timeout,
+            "resize_timeout": self.resize_timeout,
+        }
+
+    @classmethod
+    def from_json(cls, value: JsonValue) -> JobSettings:
+        if not isinstance(value, dict):
+            raise ValueError(f"job settings must be an object, got {value!r}")
+        return cls(
+            min_workers=int(value["min_workers"]),  # type: ignore[arg-type]
+            max_workers=int(value["max_workers"]),  # type: ignore[arg-type]
+            nproc_per_node=int(value["nproc_per_node"]),  # type: ignore[arg-type]
+            max_restarts=int(value["max_restarts"]),  # type: ignore[arg-type]
+            wait_timeout=float(value.get("wait_timeout", 60.0)),  # type: ignore[arg-type]
+            start_grace=float(value.get("start_grace", 10.0)),  # type: ignore[arg-type]
+            stuck_timeout=float(value.get("stuck_timeout", 5.0)),  # type: ignore[arg-type]
+            resize_timeout=float(value.get("resize_timeout", 60.0)),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A live training process (its ``procs/<slot>`` key exists under its own lease)."""
+
+    slot: str
+    incarnation: int
+    registered: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """A live node (its agent's ``members/<node>`` key exists under the agent's lease)."""
+
+    node: str
+    slots: int
+    leaving: bool
+    registered: int
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A process exit reported by its agent at ``exits/<slot>/<incarnation>``."""
+
+    slot: str
+    incarnation: int
+    code: int | None
+    signal: int | None
+    tail: tuple[str, ...] = ()
+
+    @property
+    def succeeded(self) -> bool:
+        return self.code == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            return f"killed by {name}"
+        if self.code == NOT_ADMITTED_EXIT_CODE:
+            return "not admitted"
+        return f"exit code {self.code}"
+
+
+class Phase(enum.Enum):
+    """Where the job is."""
+
+    RUNNING = "running"
+    FINISHING = "finishing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteRing:
+    """Write this ring epoch (compare-and-swap on the previous one)."""
+
+    ring: Ring
+
+
+@dataclass(frozen=True)
+class ReleaseWaiters:
+    """Answer waiting slots: their ranks in ``epoch`` (REMOVED for slots not admitted)."""
+
+    epoch: int
+    answers: tuple[tuple[str, SlotAssignment], ...]
+
+
+@dataclass(frozen=True)
+class NotifyWorkers:
+    """Send Horovod host-update notifications so members reset at their next commit."""
+
+    slots: tuple[str, ...]
+    timestamp: int
+    removed: bool
+
+
+@dataclass(frozen=True)
+class SetDirective:
+    """Tell a node's agent which incarnation each of its slots should run (absent: stop it)."""
+
+    node: str
+    incarnations: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class FinishJob:
+    """The job is over."""
+
+    succeeded: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Log:
+    """A membership change or decision worth a line in the launcher's log."""
+
+    message: str
+
+
+Decision = WriteRing | ReleaseWaiters | NotifyWorkers | SetDirective | FinishJob | Log
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Everything the policy looks at, read at one moment."""
+
+    now: float
+    procs: Mapping[str, Proc]
+    members: Mapping[str, Member]
+    exits: tuple[Exit, ...]
+    waiting: Mapping[str, str]
+
+
+@dataclass
+class RingPolicy:
+    """The launcher's state machine: one :meth:`step` per change of the view."""
+
+    settings: JobSettings
+    rendezvous: str
+    started_at: float
+    target_workers: int
+    ring: Ring | None = None
+    phase: Phase = Phase.RUNNING
+    epoch_since: float = 0.0
+    restarts_used: int = 0
+    #: The last crash that cost the job a slot (reported if the job later fails).
+    failure: str | None = None
+    #: A crash of a member while the others were finishing: the job fails with it.
+    finish_failure: str | None = None
+    below_min_since: float | None = None
+    handled_exits: set[tuple[str, int]] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
+    abandoned: set[str] = field(default_factory=set)
+    killed_stuck: set[tuple[str, int]] = field(default_factory=set)
+    directives: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def step(self, view: JobView) -> list[Decision]:
+        """The decisions for this view, in the order they must be executed."""
+        if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            return self._reject_all_waiters(view)
+        decisions: list[Decision] = []
+        for exit_ in view.exits:
+            decisions += self._on_exit(exit_, view)
+        if self.phase is Phase.FINISHING:
+            decisions += self._reject_all_waiters(view)
+            decisions += self._maybe_finish(view)
+            return decisions
+        decisions += self._plan_membership(view)
+        decisions += self._maybe_start_epoch(view)
+        decisions += self._watch_for_stuck_members(view)
+        return decisions
+
+    # -- exits -------------------------------------------------------------------------------
+
+    def _on_exit(self, exit_: Exit, view: JobView) -> list[Decision]:  # noqa: PLR0911
+        key = (exit_.slot, exit_.incarnation)
+        if key in self.handled_exits:
+            return []
+        self.handled_exits.add(key)
+        node, index = split_slot(exit_.slot)
+        member = view.members.get(node)
+        if exit_.succeeded:
+            self.finished.add(exit_.slot)
+            if self.phase is Phase.RUNNING:
+                self.phase = Phase.FINISHING
+            return [Log(f"slot {exit_.slot} finished training (exit code 0)")]
+        if (member is not None and member.leaving) or exit_.code == NOT_ADMITTED_EXIT_CODE:
+            return [Log(f"slot {exit_.slot} left ({exit_.describe()})")]
+        tail = ("; last output: " + " | ".join(exit_.tail[-3:])) if exit_.tail else ""
+        problem = f"slot {exit_.slot} crashed: {exit_.describe()}{tail}"
+        if self.phase is Phase.FINISHING:
+            self.finish_failure = self.finish_failure or problem
+            return [Log(problem)]
+        if key in self.killed_stuck:
+            # Its directive already asks for the next incarnation; this is not the user's crash.
+            return [Log(f"slot {exit_.slot} was killed because it was stuck; replacing it")]
+        if member is not None and self.restarts_used < self.settings.max_restarts:
+            self.restarts_used += 1
+            return [
+                Log(
+                    f"{problem}; restarting it ({self.restarts_used}/{self.settings.max_restarts})"
+                ),
+                self._set_slot(member, index, exit_.incarnation + 1),
+            ]
+        self.failure = problem
+        self.abandoned.add(exit_.slot)
+        decisions: list[Decision] = [Log(f"{problem}; no restarts left, dropping the slot")]
+        if member is not None:
+            decisions.append(self._set_slot(member, index, None))
+        return decisions
+
+    def _set_slot(self, member: Member, index: int, incarnation: int | None) -> SetDirective:
+        """Directive for a node with one slot changed (None: stop it)."""
+        slots = self.directives.setdefault(member.node, {i: 1 for i in range(member.slots)})
+        if incarnation is None:
+            slots.pop(index, None)
+        else:
+            slots[index] = incarnation
+        return SetDirective(member.node, tuple(sorted(slots.items())))
+
+    # -- membership --------------------------------------------------------------------------
+
+    def _live_candidates(self, view: JobView) -> dict[str, int]:
+        """Slots that may be members: alive survivors of the ring, and ready newcomers."""
+        in_ring = set(self.ring.slots) if self.ring else set()
+        candidates = {}
+        for slot, proc in view.procs.items():
+            node, _ = split_slot(slot)
+            member = view.members.get(node)
+            if member is None or member.leaving or slot in self.abandoned or slot in self.finished:
+                continue
+            if slot in in_ring or view.waiting.get(slot) == "fresh":
+                candidates[slot] = proc.registered
+        return candidates
+
+    def _plan_membership(self, view: JobView) -> list[Decision]:
+        ring = self.ring
+        candidates = self._live_candidates(view)
+        current = ring.slots if ring else ()
+        target = next_membership(current, candidates)
+        nodes = {split_slot(s)[0] for s in target}
+        if ring is None:
+            ready_nodes = {
+                split_slot(s)[0]
+                for s in target
+                if sum(1 for t in target if split_slot(t)[0] == split_slot(s)[0])
+                == self.settings.nproc_per_node
+            }
+            grace_over = view.now - self.started_at >= self.settings.start_grace
+            if len(ready_nodes) < self.target_workers and not (
+                grace_over and len(ready_nodes) >= self.settings.min_workers
+            ):
+                return self._check_min_wait(view, len(ready_nodes))
+            target = tuple(s for s in target if split_slot(s)[0] in ready_nodes)
+            return self._form(view, target, cause="start")
+        died = [s for s in current if s not in candidates]
+        resets = [s for s in current if view.waiting.get(s) == "reset"]
+        if ring.state is RingState.RUNNING and not died and not resets and target == current:
+            self.below_min_since = None
+            return []
+        if ring.state is RingState.FORMING and target == current:
+            return []
+        if len(nodes) < self.settings.min_workers:
+            return self._check_min_wait(view, len(nodes))
+        self.below_min_since = None
+        if ring.state is RingState.FORMING:
+            cause = "failure" if (died or ring.cause == "failure") else ring.cause
+        else:
+            cause = "failure" if (died or resets) else "resize"
+        return self._form(view, target, cause=cause)
+
+    def _check_min_wait(self, view: JobView, alive: int) -> list[Decision]:
+        if self.below_min_since is None:
+            self.below_min_since = view.now
+            return [
+                Log(
+                    f"waiting for workers: {alive} of at least {self.settings.min_workers} ready "
+                    f"(the job fails after {self.settings.wait_timeout:.0f} s)"
+                )
+            ]
+        if view.now - self.below_min_since < self.settings.wait_timeout:
+            return []
+        reason = (
+            f"only {alive} of at least {self.settings.min_workers} workers were ready for "
+            f"{self.settings.wait_timeout:.0f} s (--min-workers)"
+        )
+        if self.failure:
+            reason += f"; last failure: {self.failure}"
+        return self._finish(False, reason, view)
+
+    def _form(self, view: JobView, target: tuple[str, ...], *, cause: str) -> list[Decision]:
+        previous = self.ring
+        epoch = (previous.epoch if previous else 0) + 1
+        waiting = tuple(s for s in target if s not in view.waiting)
+        self.ring = Ring(epoch, target, RingState.FORMING, self.rendezvous, waiting, cause)
+        self.epoch_since = view.now
+        decisions: list[Decision] = [
+            Log(f"forming epoch {epoch} ({cause}): {len(target)} ranks {list(target)}"),
+            WriteRing(self.ring),
+        ]
+        if previous is not None and cause == "resize":
+            removed = not (set(target) - set(previous.slots))
+            survivors = tuple(s for s in previous.slots if s in view.procs)
+            decisions.append(NotifyWorkers(survivors, epoch, removed))
+        return decisions
+
+    def _maybe_start_epoch(self, view: JobView) -> list[Decision]:
+        ring = self.ring
+        decisions: list[Decision] = []
+        if ring is None:
+            return decisions
+        outsiders = [
+            s
+            for s, kind in view.waiting.items()
+            if s not in ring.slots and (kind == "reset" or not self._may_join_later(s, view))
+        ]
+        if outsiders:
+            decisions.append(ReleaseWaiters(ring.epoch, tuple((s, REMOVED) for s in outsiders)))
+        if ring.state is not RingState.FORMING:
+            return decisions
+        waiting = tuple(s for s in ring.slots if s not in view.waiting)
+        if waiting:
+            if waiting != ring.waiting:
+                self.ring = replace(ring, waiting=waiting)
+                decisions.append(WriteRing(self.ring))
+            return decisions
+        self.ring = replace(ring, state=RingState.RUNNING, waiting=())
+        took = view.now - self.epoch_since
+        decisions += [
+            WriteRing(self.ring),
+            ReleaseWaiters(ring.epoch, tuple((s, self.ring.assignment(s)) for s in ring.slots)),
+            Log(
+                f"epoch {ring.epoch} running with {len(ring.slots)} ranks; "
+                f"re-formed in {took:.2f} s"
+            ),
+        ]
+        return decisions
+
+    def _may_join_later(self, slot: str, view: JobView) -> bool:
+        node, _ = split_slot(slot)
+        member = view.members.get(node)
+        return member is not None and not member.leaving and slot not in self.abandoned
+
+    def _watch_for_stuck_members(self, view: JobView) -> list[Decision]:
+        ring = self.ring
+        if ring is None or ring.state is not RingState.FORMING:
+            return []
+        silent_for = view.now - self.epoch_since
+        if ring.cause == "resize" and silent_for > self.settings.resize_timeout:
+            self.ring = replace(ring, cause="failure")
+            self.epoch_since = view.now
+            return [
+                Log(
+                    f"epoch {ring.epoch}: members did not reach a commit in time; interrupting them"
+                ),
+                WriteRing(self.ring),
+            ]
+        if ring.cause != "failure" or silent_for <= self.settings.stuck_timeout:
+            return []
+        decisions: list[Decision] = []
+        for slot in ring.waiting:
+            proc = view.procs.get(slot)
+            node, index = split_slot(slot)
+            member = view.members.get(node)
+            if proc is None or member is None or (slot, proc.incarnation) in self.killed_stuck:
+                continue
+            self.killed_stuck.add((slot, proc.incarnation))
+            decisions += [
+                Log(
+                    f"slot {slot} did not leave its failed collective in "
+                    f"{silent_for:.1f} s; replacing it"
+                ),
+                self._set_slot(member, index, proc.incarnation + 1),
+            ]
+        return decisions
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def _maybe_finish(self, view: JobView) -> list[Decision]:
+        members = self.ring.slots if self.ring else ()
+        if any(slot in view.procs for slot in members):
+            return []
+        if self.finish_failure is None and all(slot in self.finished for slot in members):
+            return self._finish(True, f"training finished on {len(members)} ranks", view)
+        reason = self.finish_failure or self.failure or "training processes exited before finishing"
+        return self._finish(False, reason, view)
+
+    def _finish(self, succeeded: bool, reason: str, view: JobView) -> list[Decision]:
+        self.phase = Phase.SUCCEEDED if succeeded else Phase.FAILED
+        return [FinishJob(succeeded, reason), *self._reject_all_waiters(view)]
+
+    def _reject_all_waiters(self, view: JobView) -> list[Decision]:
+        if not view.waiting:
+            return []
+        epoch = self.ring.epoch if self.ring else 0
+        return [ReleaseWaiters(epoch, tuple((s, REMOVED) for s in view.waiting))]

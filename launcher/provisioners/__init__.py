@@ -1,0 +1,1 @@
+"""Provisioners start and stop worker nodes: local processes, later Kubernetes pods."""

@@ -1,0 +1,178 @@
+"""The Gloo rendezvous that Horovod workers talk to, on Horovod's own HTTP server classes.
+
+It answers Horovod's elastic protocol:
+
+* ``GET /rank_and_size/<slot>:0`` -- a surviving worker re-initialising after a reset. The
+  request is held open until the launcher starts the next epoch (every member has asked), then
+  answered with the slot's ranks: no member enters ``hvd.init()``'s Gloo rendezvous before all
+  of them can (a member that never arrives would abort its peers inside Gloo).
+* ``GET /elastic_ready/<slot>`` -- the same barrier for a fresh process (our bootstrap), which
+  Horovod would not ask because its first ``hvd.init()`` reads the ranks from the environment.
+* ``PUT /worker_addresses/<slot>:0`` -- a worker's notification service; the launcher uses it to
+  send host-update notifications, which make ``state.commit()`` raise ``HostsUpdatedInterrupt``.
+
+Everything else is Horovod's key-value store for Gloo's own rendezvous, cleared when an epoch
+starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from horovod.runner.common.util import codec as horovod_codec
+from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient
+from horovod.runner.http.http_server import RendezvousHandler, RendezvousServer
+
+from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
+
+log = logging.getLogger(__name__)
+
+RANK_AND_SIZE: Final = "rank_and_size"
+ELASTIC_READY: Final = "elastic_ready"
+WORKER_ADDRESSES: Final = "worker_addresses"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a waiting slot is told: its ranks in ``epoch`` (or REMOVED)."""
+
+    epoch: int
+    assignment: SlotAssignment
+
+
+class ReadinessBoard:
+    """Slots that are blocked waiting for their next epoch, and the answers they get.
+
+    Thread-safe: HTTP handler threads wait here, the launcher's controller answers.
+    """
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self._cond = threading.Condition()
+        self._waiting: dict[str, str] = {}
+        self._answers: dict[str, Answer] = {}
+        self._on_change = on_change
+        self._closed = False
+
+    def wait(self, slot: str, kind: str, timeout: float) -> Answer:
+        """Register ``slot`` as ready and block until answered (REMOVED after ``timeout``)."""
+        with self._cond:
+            self._answers.pop(slot, None)
+            self._waiting[slot] = kind
+        self._on_change()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while slot not in self._answers and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            self._waiting.pop(slot, None)
+            answer = self._answers.pop(slot, None)
+        if answer is None:
+            log.warning(
+                "slot %s: no epoch formed within %.0f s; telling it to leave", slot, timeout
+            )
+            self._on_change()
+            return Answer(-1, REMOVED)
+        return answer
+
+    def waiting(self) -> Mapping[str, str]:
+        """Slots waiting now, with how they asked ('reset' or 'fresh')."""
+        with self._cond:
+            return dict(self._waiting)
+
+    def answer(self, answers: Mapping[str, Answer]) -> None:
+        """Release waiting slots with their answers."""
+        with self._cond:
+            for slot, answer in answers.items():
+                if self._waiting.pop(slot, None) is not None:
+                    self._answers[slot] = answer
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Release every waiter (with REMOVED)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class RendezvousService:
+    """Horovod's rendezvous HTTP server with the elastic protocol answered by a ReadinessBoard."""
+
+    def __init__(self, board: ReadinessBoard, *, wait_timeout: float) -> None:
+        self.board = board
+        self.wait_timeout = wait_timeout
+        self._server = RendezvousServer(verbose=0)
+        self._clients: dict[str, tuple[object, bytes]] = {}
+        self._clients_lock = threading.Lock()
+        self.port = 0
+
+    def start(self) -> int:
+        """Start serving on a free port (all interfaces); return the port."""
+        self.port = int(self._server.start(_make_handler(self)))
+        self._server.init([])
+        return self.port
+
+    def stop(self) -> None:
+        """Release waiters and stop the server."""
+        self.board.close()
+        self._server.stop()
+
+    def clear_gloo_scopes(self) -> None:
+        """Forget Gloo's rendezvous keys of earlier epochs (called as an epoch starts)."""
+        self._server.init([])
+
+    def register_worker(self, slot: str, addresses: object, secret_key: bytes) -> None:
+        """Remember a worker's notification service (from ``PUT /worker_addresses``)."""
+        with self._clients_lock:
+            self._clients[slot] = (addresses, secret_key)
+
+    def notify(self, slots: list[str], timestamp: int, removed: bool) -> None:
+        """Tell workers that membership changed; each sends it to its State at next commit."""
+        update = HostUpdateResult.removed if removed else HostUpdateResult.added
+        with self._clients_lock:
+            targets = [(s, self._clients[s]) for s in slots if s in self._clients]
+        for slot, (addresses, secret_key) in targets:
+            threading.Thread(
+                target=_notify_one,
+                args=(slot, addresses, secret_key, timestamp, update),
+                name=f"notify-{slot}",
+                daemon=True,
+            ).start()
+
+
+def _notify_one(
+    slot: str, addresses: object, secret_key: bytes, timestamp: int, update: HostUpdateResult
+) -> None:
+    try:
+        client = WorkerNotificationClient(addresses, secret_key, verbose=0)
+        client.notify_hosts_updated(timestamp, update)
+    except Exception as exc:  # a worker that died meanwhile cannot be notified; that is fine
+        log.info("slot %s: host-update notification not delivered: %s", slot, exc)
+
+
+def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
+    class ElasticHandler(RendezvousHandler):  # type: ignore[misc]
+        def _get_value(self, scope: str, key: str) -> bytes | None:
+            if scope == RANK_AND_SIZE:
+                slot = key.rsplit(":", 1)[0]
+                answer = service.board.wait(slot, "reset", service.wait_timeout)
+                return answer.assignment.horovod_response()
+            if scope == ELASTIC_READY:
+                answer = service.board.wait(key, "fresh", service.wait_timeout)
+                return f"{answer.epoch},".encode() + answer.assignment.horovod_response()
+            value: bytes | None = super()._get_value(scope, key)
+            return value
+
+        def _put_value(self, scope: str, key: str, value: bytes) -> None:
+            if scope == WORKER_ADDRESSES:
+                addresses, secret_key = horovod_codec.loads_base64(value)
+                service.register_worker(key.rsplit(":", 1)[0], addresses, secret_key)
+            super()._put_value(scope, key, value)
+
+    return ElasticHandler

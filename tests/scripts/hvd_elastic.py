@@ -1,0 +1,81 @@
+"""A TF2 training script written only against Horovod's elastic API (no elastic_allreduce).
+
+It trains a small linear model on fixed data and, at every commit, prints one JSON line:
+{"event": "commit", "step": S, "size": N, "rank": R, "checksum": C}. At the end it prints
+{"event": "done", ...}. Steps and commit interval come from the command line.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=200)
+parser.add_argument("--commit-every", type=int, default=5)
+parser.add_argument("--step-delay", type=float, default=0.02)
+args = parser.parse_args()
+
+hvd.init()
+rng = np.random.default_rng(0)
+features = rng.normal(size=(64, 8)).astype("float32")
+labels = features @ np.arange(1, 9, dtype="float32")[:, None]
+
+model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(8,))])
+optimizer = tf.keras.optimizers.SGD(0.01)
+model.build((None, 8))
+optimizer.build(model.trainable_variables)
+
+
+@tf.function
+def train_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return loss
+
+
+def checksum() -> float:
+    return float(sum(float(tf.reduce_sum(v)) for v in model.variables))
+
+
+def report(event: str, state) -> None:
+    print(
+        json.dumps(
+            {
+                "event": event,
+                "step": state.step,
+                "size": hvd.size(),
+                "rank": hvd.rank(),
+                "slot": os.environ.get("HOROVOD_HOSTNAME"),
+                "checksum": round(checksum(), 6),
+            }
+        ),
+        flush=True,
+    )
+
+
+@hvd.elastic.run
+def train(state):
+    while state.step < args.steps:
+        train_step(features, labels)
+        state.step += 1
+        if args.step_delay:
+            time.sleep(args.step_delay)
+        if state.step % args.commit_every == 0:
+            state.commit()
+            report("commit", state)
+
+
+state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
+state.register_reset_callbacks(
+    [lambda: print(json.dumps({"event": "reset", "size": hvd.size()}), flush=True)]
+)
+train(state)
+report("done", state)
