@@ -18,7 +18,7 @@ from elastic_allreduce import __version__, env
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
 from elastic_allreduce.store.api import validate_job_id
-from launcher.agent import AgentSettings, python_script_args
+from launcher.agent import Agent, AgentSettings, python_script_args
 from launcher.launcher import Launcher, LaunchSettings
 from launcher.policy import JobSettings
 from launcher.provisioners.local import LocalProvisioner
@@ -105,6 +105,39 @@ def _build_parser() -> argparse.ArgumentParser:
     etcd.add_argument("--data-dir", help="keep the server's data here (reused on restart)")
     etcd.add_argument("--port", type=int, help="client port (default: a free port)")
 
+    join = commands.add_parser(
+        "join",
+        help="add this machine as one more worker node of a running job",
+        description=(
+            "Run one worker node for a running job in the foreground: it registers in etcd, "
+            "starts --nproc-per-node training processes (default: the job's), and the job "
+            "grows at the workers' next commit. Ctrl-C or SIGTERM leaves gracefully."
+        ),
+    )
+    _add_store_flags(join)
+    join.add_argument(
+        "--nproc-per-node", type=int, metavar="K", help="processes (default: the job's)"
+    )
+    join.add_argument("--node-id", metavar="NAME", help="this node's id (default: a new one)")
+
+    scale = commands.add_parser(
+        "scale",
+        help="ask a running job to grow or shrink to N worker nodes",
+        description=(
+            "Set the number of worker nodes a running job should have. The launcher starts new "
+            "nodes or stops the newest ones gracefully, within --min-workers and --max-workers."
+        ),
+    )
+    _add_store_flags(scale)
+    scale.add_argument("workers", type=int, metavar="N", help="the number of worker nodes")
+
+    status = commands.add_parser(
+        "status",
+        help="show a job's phase, ring epoch, ranks and members",
+        description="Show a job's phase, ring epoch and ranks, members and the last commit.",
+    )
+    _add_store_flags(status)
+
     keys = commands.add_parser(
         "keys",
         help="print a job's keys in the store, one JSON object per line",
@@ -176,15 +209,88 @@ def _run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = ("run", "etcd", "keys")
+_COMMANDS = ("run", "join", "scale", "status", "etcd", "keys")
+
+
+def _open_job(args: argparse.Namespace) -> tuple[EtcdStore, dict[str, object]]:
+    """The store of an existing job and its stored configuration (ConfigError if unknown)."""
+    store = _open_store(args)
+    config = store.get("config/job")
+    if config is None or config.malformed is not None or not isinstance(config.value, dict):
+        store.close()
+        raise ConfigError(
+            f"unknown job {args.job_id!r} at {store.describe()}: check --job-id and --etcd "
+            "(`elastic-run keys` lists what is there)"
+        )
+    return store, dict(config.value)
+
+
+def _run_join(args: argparse.Namespace) -> int:
+    store, config = _open_job(args)
+    store.close()
+    nproc = args.nproc_per_node or config.get("nproc_per_node") or 1
+    command = config.get("command")
+    if not isinstance(nproc, int) or not isinstance(command, list):
+        raise ConfigError(f"job {args.job_id!r} has no usable configuration in the store")
+    node_id = args.node_id or f"j{os.getpid()}"
+    logging.getLogger().setLevel(logging.INFO)
+    agent = Agent(
+        AgentSettings(
+            etcd=args.etcd,
+            job_id=args.job_id,
+            node_id=node_id,
+            nproc_per_node=nproc,
+            command=tuple(str(part) for part in command),
+        )
+    )
+    print(f"elastic-run join: node {node_id} joining job {args.job_id}", flush=True)
+    return agent.run()
+
+
+def _run_scale(args: argparse.Namespace) -> int:
+    store, config = _open_job(args)
+    with store:
+        low, high = config.get("min_workers"), config.get("max_workers")
+        if isinstance(low, int) and isinstance(high, int) and not low <= args.workers <= high:
+            raise ConfigError(
+                f"cannot scale job {args.job_id!r} to {args.workers} nodes: it was started with "
+                f"--min-workers {low} and --max-workers {high}"
+            )
+        store.put("config/target", {"workers": args.workers})
+    print(f"elastic-run scale: job {args.job_id} asked for {args.workers} nodes")
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    store, _ = _open_job(args)
+    with store:
+        keys = store.get_prefix().as_dict()
+
+        def value(key: str) -> object:
+            kv = keys.get(key)
+            return kv.value if kv is not None and kv.malformed is None else None
+
+        phase = value("status/job")
+        ring = value("ring")
+        progress = value("status/progress")
+        print(f"job {args.job_id}: {json.dumps(phase)}")
+        if isinstance(ring, dict):
+            slots = ring.get("slots") or []
+            print(
+                f"ring epoch {ring.get('epoch')} ({ring.get('state')}, cause {ring.get('cause')})"
+            )
+            for rank, slot in enumerate(slots if isinstance(slots, list) else []):
+                print(f"  rank {rank}: {slot}")
+        members = sorted(k.split("/", 1)[1] for k in keys if k.startswith("members/"))
+        print(f"members: {', '.join(members) or '(none)'}")
+        print(f"last commit: {json.dumps(progress)}")
+    return 0
 
 
 def _run_job(args: argparse.Namespace) -> int:
     command = list(args.command_args)
     if command[:1] == ["--"]:
         command = command[1:]
-    if not command:
-        raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
     workers = args.workers
     min_workers = 1 if args.min_workers is None else args.min_workers
     max_workers = workers if args.max_workers is None else args.max_workers
@@ -199,6 +305,8 @@ def _run_job(args: argparse.Namespace) -> int:
         )
     if args.nproc_per_node < 1 or args.max_restarts < 0:
         raise ConfigError("--nproc-per-node must be at least 1 and --max-restarts at least 0")
+    if not command:
+        raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
     python_script_args(command)
     job_id = args.job_id or f"job-{int(time.time()) % 100000}-{os.getpid() % 1000}"
     validate_job_id(job_id)
@@ -226,7 +334,8 @@ def _run_job(args: argparse.Namespace) -> int:
             command=tuple(command),
         )
         launcher = Launcher(
-            LaunchSettings(etcd, job_id, workers, settings), LocalProvisioner(template)
+            LaunchSettings(etcd, job_id, workers, settings, tuple(command)),
+            LocalProvisioner(template),
         )
         result = launcher.run()
     print(
@@ -254,9 +363,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "etcd":
             return _run_etcd(args)
-        if args.command == "run":
-            return _run_job(args)
-        return _run_keys(args)
+        handlers = {
+            "run": _run_job,
+            "join": _run_join,
+            "scale": _run_scale,
+            "status": _run_status,
+            "keys": _run_keys,
+        }
+        return handlers[args.command](args)
     except ElasticAllreduceError as exc:
         print(f"elastic-run {args.command}: error: {exc}", file=sys.stderr)
         return 2

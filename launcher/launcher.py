@@ -29,6 +29,8 @@ from launcher.policy import (
     ReleaseWaiters,
     RingPolicy,
     SetDirective,
+    StartNodes,
+    StopNode,
     WriteRing,
 )
 from launcher.provisioners.api import Provisioner
@@ -45,6 +47,7 @@ class LaunchSettings:
     job_id: str
     workers: int
     job: JobSettings
+    command: tuple[str, ...]
     host: str = "127.0.0.1"
     lease_ttl: int = 3
 
@@ -83,6 +86,7 @@ class Launcher:
                 self.settings.job, rendezvous, time.monotonic(), self.settings.workers
             )
             nodes = self.provisioner.start_nodes(self.settings.workers)
+            policy.nodes_started(nodes, time.monotonic())
             self._log(
                 f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}"
             )
@@ -111,7 +115,10 @@ class Launcher:
                     f"job {self.settings.job_id!r} already {phase} at {self.store.describe()}; "
                     "choose a new --job-id"
                 )
-        self.store.put("config/job", self.settings.job.to_json())
+        config = self.settings.job.to_json()
+        assert isinstance(config, dict)
+        config["command"] = list(self.settings.command)
+        self.store.put("config/job", config)
 
     def _loop(self, policy: RingPolicy) -> JobResult:
         cache = PrefixCache(self.store, "")
@@ -120,6 +127,11 @@ class Launcher:
                 cache.poll(0.02)
                 view = self._view(cache)
                 for decision in policy.step(view):
+                    if isinstance(decision, StartNodes):
+                        started = self.provisioner.start_nodes(decision.count)
+                        policy.nodes_started(started, time.monotonic())
+                        self._log(f"started nodes {started}")
+                        continue
                     result = self._execute(decision)
                     if result is not None:
                         return result
@@ -165,12 +177,18 @@ class Launcher:
                     )
                 )
         exits.sort(key=lambda item: item[0])
+        target = cache.get("config/target")
+        scale_target = None
+        if target is not None and target.malformed is None and isinstance(target.value, dict):
+            workers = target.value.get("workers")
+            scale_target = workers if isinstance(workers, int) else None
         return JobView(
             now=time.monotonic(),
             procs=procs,
             members=members,
             exits=tuple(e for _, e in exits),
             waiting=self.board.waiting(),
+            scale_target=scale_target,
         )
 
     def _execute(self, decision: Decision) -> JobResult | None:
@@ -191,6 +209,9 @@ class Launcher:
             if any(a.rank >= 0 for _, a in decision.answers):
                 self.rendezvous.clear_gloo_scopes()
             self.board.answer({slot: Answer(decision.epoch, a) for slot, a in decision.answers})
+        elif isinstance(decision, StopNode):
+            self._log(f"stopping node {decision.node} (scale-down)")
+            self.provisioner.stop_node(decision.node)
         elif isinstance(decision, NotifyWorkers):
             self.rendezvous.notify(list(decision.slots), decision.timestamp, decision.removed)
         elif isinstance(decision, SetDirective):

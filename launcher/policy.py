@@ -7,6 +7,7 @@ step by step; :mod:`launcher.launcher` executes the decisions.
 
 from __future__ import annotations
 
+import collections
 import enum
 import signal
 from collections.abc import Mapping
@@ -160,6 +161,20 @@ class SetDirective:
 
 
 @dataclass(frozen=True)
+class StartNodes:
+    """Ask the provisioner for more nodes."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class StopNode:
+    """Ask the provisioner to stop a node gracefully (scale-down)."""
+
+    node: str
+
+
+@dataclass(frozen=True)
 class FinishJob:
     """The job is over."""
 
@@ -174,7 +189,19 @@ class Log:
     message: str
 
 
-Decision = WriteRing | ReleaseWaiters | NotifyWorkers | SetDirective | FinishJob | Log
+Decision = (
+    WriteRing
+    | ReleaseWaiters
+    | NotifyWorkers
+    | SetDirective
+    | StartNodes
+    | StopNode
+    | FinishJob
+    | Log
+)
+
+#: Seconds a requested node may take to register before it counts as failed to start.
+NODE_START_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -186,6 +213,8 @@ class JobView:
     members: Mapping[str, Member]
     exits: tuple[Exit, ...]
     waiting: Mapping[str, str]
+    #: Nodes asked for with ``elastic-run scale`` (None: no request).
+    scale_target: int | None = None
 
 
 @dataclass
@@ -210,6 +239,17 @@ class RingPolicy:
     abandoned: set[str] = field(default_factory=set)
     killed_stuck: set[tuple[str, int]] = field(default_factory=set)
     directives: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: The process incarnation of each member of the current ring.
+    member_incarnations: dict[str, int] = field(default_factory=dict)
+    #: Last incarnation seen alive per slot (to tell a lost lease from a reported exit).
+    incarnations: dict[str, int] = field(default_factory=dict)
+    #: Nodes requested from the provisioner and when; nodes seen registered.
+    requested_nodes: dict[str, float] = field(default_factory=dict)
+    seen_nodes: set[str] = field(default_factory=set)
+    stopping_nodes: set[str] = field(default_factory=set)
+    left_nodes: set[str] = field(default_factory=set)
+    lost_nodes: set[str] = field(default_factory=set)
+    scale_request: int | None = None
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -220,6 +260,7 @@ class RingPolicy:
         decisions: list[Decision] = []
         for exit_ in view.exits:
             decisions += self._on_exit(exit_, view)
+        decisions += self._on_lost_leases(view)
         if self.phase is Phase.FINISHING:
             decisions += self._reject_all_waiters(view)
             decisions += self._maybe_finish(view)
@@ -227,6 +268,122 @@ class RingPolicy:
         decisions += self._plan_membership(view)
         decisions += self._maybe_start_epoch(view)
         decisions += self._watch_for_stuck_members(view)
+        decisions += self._provision(view)
+        return decisions
+
+    def nodes_started(self, nodes: list[str], now: float) -> None:
+        """The provisioner started these nodes (called by the executor of StartNodes)."""
+        for node in nodes:
+            self.requested_nodes[node] = now
+
+    # -- lost leases ---------------------------------------------------------------------------
+
+    def _on_lost_leases(self, view: JobView) -> list[Decision]:
+        """Slots whose process lease expired with no exit report: hung or cut off."""
+        decisions: list[Decision] = []
+        for slot, incarnation in list(self.incarnations.items()):
+            if slot in view.procs and view.procs[slot].incarnation == incarnation:
+                continue
+            del self.incarnations[slot]
+            if (slot, incarnation) in self.handled_exits:
+                continue
+            self.handled_exits.add((slot, incarnation))
+            node, index = split_slot(slot)
+            member = view.members.get(node)
+            problem = f"slot {slot} lost its lease (hung or unreachable)"
+            if member is None or member.leaving or self.phase is not Phase.RUNNING:
+                decisions.append(Log(problem))
+            elif self.restarts_used < self.settings.max_restarts:
+                self.restarts_used += 1
+                decisions += [
+                    Log(f"{problem}; replacing it (restart {self.restarts_used})"),
+                    self._set_slot(member, index, incarnation + 1),
+                ]
+            else:
+                self.failure = problem
+                self.abandoned.add(slot)
+                decisions += [
+                    Log(f"{problem}; no restarts left, dropping the slot"),
+                    self._set_slot(member, index, None),
+                ]
+        for slot, proc in view.procs.items():
+            self.incarnations[slot] = proc.incarnation
+        return decisions
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def _provision(self, view: JobView) -> list[Decision]:
+        """Keep the number of nodes at the target: scale requests, leaves, lost nodes."""
+        decisions: list[Decision] = []
+        settings = self.settings
+        if view.scale_target is not None and view.scale_target != self.scale_request:
+            self.scale_request = view.scale_target
+            wanted = max(settings.min_workers, min(settings.max_workers, view.scale_target))
+            decisions.append(Log(f"scaling to {wanted} nodes (asked for {view.scale_target})"))
+            self.target_workers = wanted
+        for member in view.members.values():
+            if member.leaving and member.node not in self.left_nodes:
+                self.left_nodes.add(member.node)
+                if member.node not in self.stopping_nodes:
+                    self.target_workers -= 1
+                    decisions.append(Log(f"node {member.node} is leaving gracefully"))
+        decisions += self._track_nodes(view)
+        if self.phase is not Phase.RUNNING:
+            return decisions
+        alive = sorted(
+            (
+                m
+                for m in view.members.values()
+                if not m.leaving and m.node not in self.stopping_nodes
+            ),
+            key=lambda m: m.registered,
+        )
+        have = len(alive) + len(self.requested_nodes)
+        if have < self.target_workers:
+            decisions.append(StartNodes(self.target_workers - have))
+        elif have > self.target_workers and self.ring is not None:
+            for member in alive[max(0, len(alive) - (have - self.target_workers)) :]:
+                self.stopping_nodes.add(member.node)
+                decisions.append(StopNode(member.node))
+        return decisions
+
+    def _track_nodes(self, view: JobView) -> list[Decision]:
+        """Note registered, late and lost nodes (a lost node is replaced while restarts last)."""
+        decisions: list[Decision] = []
+        self.seen_nodes |= set(view.members)
+        for node, since in list(self.requested_nodes.items()):
+            if node in self.seen_nodes or view.now - since > NODE_START_TIMEOUT:
+                if node not in self.seen_nodes:
+                    decisions.append(Log(f"node {node} did not register in time"))
+                del self.requested_nodes[node]
+        gone = self.seen_nodes - set(view.members) - self.left_nodes - self.stopping_nodes
+        for node in sorted(gone - self.lost_nodes):
+            self.lost_nodes.add(node)
+            if self.phase is not Phase.RUNNING:
+                continue
+            if self.restarts_used < self.settings.max_restarts:
+                self.restarts_used += 1
+                decisions.append(Log(f"node {node} was lost; starting a replacement"))
+            else:
+                self.target_workers -= 1
+                decisions.append(Log(f"node {node} was lost; no restarts left to replace it"))
+        if self.phase is not Phase.RUNNING:
+            return decisions
+        alive = sorted(
+            (
+                m
+                for m in view.members.values()
+                if not m.leaving and m.node not in self.stopping_nodes
+            ),
+            key=lambda m: m.registered,
+        )
+        have = len(alive) + len(self.requested_nodes)
+        if have < self.target_workers:
+            decisions.append(StartNodes(self.target_workers - have))
+        elif have > self.target_workers and self.ring is not None:
+            for member in alive[max(0, len(alive) - (have - self.target_workers)) :]:
+                self.stopping_nodes.add(member.node)
+                decisions.append(StopNode(member.node))
         return decisions
 
     # -- exits -------------------------------------------------------------------------------
@@ -279,46 +436,58 @@ class RingPolicy:
 
     # -- membership --------------------------------------------------------------------------
 
-    def _live_candidates(self, view: JobView) -> dict[str, int]:
-        """Slots that may be members: alive survivors of the ring, and ready newcomers."""
-        in_ring = set(self.ring.slots) if self.ring else set()
-        candidates = {}
-        for slot, proc in view.procs.items():
-            node, _ = split_slot(slot)
-            member = view.members.get(node)
-            if member is None or member.leaving or slot in self.abandoned or slot in self.finished:
-                continue
-            if slot in in_ring or view.waiting.get(slot) == "fresh":
-                candidates[slot] = proc.registered
-        return candidates
+    def _usable(self, slot: str, view: JobView) -> bool:
+        member = view.members.get(split_slot(slot)[0])
+        return (
+            member is not None
+            and not member.leaving
+            and slot not in self.abandoned
+            and slot not in self.finished
+        )
+
+    def _survivors(self, view: JobView) -> tuple[str, ...]:
+        """Ring members still alive as the same process (a restarted slot is a newcomer)."""
+        if self.ring is None:
+            return ()
+        return tuple(
+            slot
+            for slot in self.ring.slots
+            if slot in view.procs
+            and view.procs[slot].incarnation == self.member_incarnations.get(slot)
+            and self._usable(slot, view)
+        )
+
+    def _alive_nodes(self, view: JobView) -> int:
+        """Nodes with at least one usable live process (ready or still starting)."""
+        return len({split_slot(s)[0] for s in view.procs if self._usable(s, view)})
 
     def _plan_membership(self, view: JobView) -> list[Decision]:
         ring = self.ring
-        candidates = self._live_candidates(view)
-        current = ring.slots if ring else ()
-        target = next_membership(current, candidates)
-        nodes = {split_slot(s)[0] for s in target}
+        survivors = self._survivors(view)
+        candidates = {s: view.procs[s].registered for s in survivors}
+        for slot, kind in view.waiting.items():
+            if kind == "fresh" and slot in view.procs and self._usable(slot, view):
+                candidates.setdefault(slot, view.procs[slot].registered)
+        target = next_membership(survivors, candidates)
         if ring is None:
-            ready_nodes = {
-                split_slot(s)[0]
-                for s in target
-                if sum(1 for t in target if split_slot(t)[0] == split_slot(s)[0])
-                == self.settings.nproc_per_node
-            }
+            per_node = collections.Counter(split_slot(s)[0] for s in target)
+            complete = {n for n, count in per_node.items() if count == self.settings.nproc_per_node}
             grace_over = view.now - self.started_at >= self.settings.start_grace
-            if len(ready_nodes) < self.target_workers and not (
-                grace_over and len(ready_nodes) >= self.settings.min_workers
+            if len(complete) < self.target_workers and not (
+                grace_over and len(complete) >= self.settings.min_workers
             ):
-                return self._check_min_wait(view, len(ready_nodes))
-            target = tuple(s for s in target if split_slot(s)[0] in ready_nodes)
-            return self._form(view, target, cause="start")
-        died = [s for s in current if s not in candidates]
-        resets = [s for s in current if view.waiting.get(s) == "reset"]
-        if ring.state is RingState.RUNNING and not died and not resets and target == current:
+                return self._check_min_wait(view, len(complete))
+            return self._form(
+                view, tuple(s for s in target if split_slot(s)[0] in complete), "start"
+            )
+        died = [s for s in ring.slots if s not in survivors]
+        resets = [s for s in ring.slots if view.waiting.get(s) == "reset"]
+        if ring.state is RingState.RUNNING and not died and not resets and target == ring.slots:
             self.below_min_since = None
             return []
-        if ring.state is RingState.FORMING and target == current:
+        if ring.state is RingState.FORMING and target == ring.slots:
             return []
+        nodes = {split_slot(s)[0] for s in target}
         if len(nodes) < self.settings.min_workers:
             return self._check_min_wait(view, len(nodes))
         self.below_min_since = None
@@ -326,9 +495,14 @@ class RingPolicy:
             cause = "failure" if (died or ring.cause == "failure") else ring.cause
         else:
             cause = "failure" if (died or resets) else "resize"
-        return self._form(view, target, cause=cause)
+        return self._form(view, target, cause)
 
-    def _check_min_wait(self, view: JobView, alive: int) -> list[Decision]:
+    def _check_min_wait(self, view: JobView, ready: int) -> list[Decision]:
+        """Wait while enough processes are alive (starting up); fail after the wait timeout."""
+        if self._alive_nodes(view) >= self.settings.min_workers:
+            self.below_min_since = None
+            return []
+        alive = ready
         if self.below_min_since is None:
             self.below_min_since = view.now
             return [
@@ -347,16 +521,24 @@ class RingPolicy:
             reason += f"; last failure: {self.failure}"
         return self._finish(False, reason, view)
 
-    def _form(self, view: JobView, target: tuple[str, ...], *, cause: str) -> list[Decision]:
+    def _form(self, view: JobView, target: tuple[str, ...], cause: str) -> list[Decision]:
         previous = self.ring
         epoch = (previous.epoch if previous else 0) + 1
         waiting = tuple(s for s in target if s not in view.waiting)
         self.ring = Ring(epoch, target, RingState.FORMING, self.rendezvous, waiting, cause)
+        self.member_incarnations = {s: view.procs[s].incarnation for s in target if s in view.procs}
         self.epoch_since = view.now
         decisions: list[Decision] = [
             Log(f"forming epoch {epoch} ({cause}): {len(target)} ranks {list(target)}"),
             WriteRing(self.ring),
         ]
+        if previous is not None:
+            for slot in target:
+                if slot not in previous.slots:
+                    decisions.append(Log(f"slot {slot} joined"))
+            for slot in previous.slots:
+                if slot not in target and slot in view.procs:
+                    decisions.append(Log(f"slot {slot} is leaving"))
         if previous is not None and cause == "resize":
             removed = not (set(target) - set(previous.slots))
             survivors = tuple(s for s in previous.slots if s in view.procs)

@@ -23,22 +23,26 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_help_lists_only_what_exists() -> None:
+def test_help_lists_every_command() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    assert "etcd" in result.stdout and "keys" in result.stdout
-    assert "not implemented yet" in result.stdout
-    for command in ("etcd", "keys"):
+    for command in ("run", "join", "scale", "status", "etcd", "keys"):
+        assert f"    {command} " in result.stdout, command
+    for command in ("run", "join", "scale", "status", "etcd", "keys"):
         sub = run_cli(command, "--help")
         assert sub.returncode == 0, sub.stderr
         assert f"usage: elastic-run {command}" in sub.stdout
 
 
 def test_unknown_command_and_missing_command_fail_with_usage() -> None:
-    for args in ([], ["--", "python", "train.py"], ["frobnicate"]):
+    for args in ([], ["--workers", "two"], ["run", "--frobnicate"]):
         result = run_cli(*args)
         assert result.returncode == 2
-        assert "usage: elastic-run" in result.stderr
+        assert "usage: elastic-run" in result.stderr, (args, result.stderr)
+    # A word that is no command is taken as the training command, and refused clearly.
+    result = run_cli("frobnicate")
+    assert result.returncode == 2
+    assert "cannot run 'frobnicate': elastic-run runs Python training scripts" in result.stderr
 
 
 def test_keys_prints_a_jobs_keys_as_json_lines(etcd_server: EmbeddedEtcd) -> None:

@@ -146,6 +146,8 @@ class EmbeddedEtcd:
         ]
         if self.fast:
             command += ["--heartbeat-interval=10", "--election-timeout=100"]
+        # Idle watches get a progress notification instead of timing out and reconnecting.
+        command.append("--experimental-watch-progress-notify-interval=5s")
         return command
 
     def start(self, timeout: float = 20.0) -> EmbeddedEtcd:

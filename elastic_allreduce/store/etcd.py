@@ -453,6 +453,10 @@ class _EtcdLease(Lease):
             log.warning("job %s: could not revoke lease %x: %s", self._store.job_id, self.id, exc)
 
 
+class _Idle(Exception):
+    """The watch stream sent nothing for IDLE_REOPEN_S (no event, no progress notification)."""
+
+
 class _Compacted(Exception):
     def __init__(self, compact_revision: int) -> None:
         super().__init__(compact_revision)
@@ -536,6 +540,10 @@ class _EtcdWatch(Watch):
                     continue
                 except StoreUnavailableError:
                     pass  # treated like a dropped stream below
+            except _Idle:
+                # An idle stream (no event, no progress notification): reopen it quietly.
+                log.debug("job %s: watch on %r idle; reopening", self._store.job_id, self._prefix)
+                continue
             except (OSError, http.client.HTTPException, ValueError, StoreUnavailableError) as exc:
                 if self._stop.is_set():
                     return
@@ -598,7 +606,10 @@ class _EtcdWatch(Watch):
             if conn.sock is not None:
                 conn.sock.settimeout(self.IDLE_REOPEN_S)
             while not self._stop.is_set():
-                line = response.readline()
+                try:
+                    line = response.readline()
+                except TimeoutError as exc:
+                    raise _Idle from exc
                 if not line:
                     raise ConnectionResetError("the server closed the watch stream")
                 if line.strip():

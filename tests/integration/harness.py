@@ -1,0 +1,168 @@
+"""Run real `elastic-run` jobs (real etcd, Horovod/Gloo, processes) and read what they print."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
+from tests.conftest import ROOT, fresh_job_id
+
+ELASTIC_RUN = str(Path(sys.executable).parent / "elastic-run")
+HVD_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_elastic.py")
+_LINE = re.compile(
+    r"^\[(?P<job>\S+) e(?P<epoch>[-\d]+) r(?P<rank>[-\d]+) (?P<slot>\S+)\] (?P<text>.*)$"
+)
+
+
+@dataclass
+class Event:
+    """One JSON line printed by a training script, with the agent's prefix."""
+
+    slot: str
+    epoch: str
+    data: dict[str, Any]
+    at: float
+
+
+@dataclass
+class Job:
+    """A running `elastic-run` job whose output is collected line by line."""
+
+    proc: subprocess.Popen[str]
+    job_id: str
+    store: EtcdStore
+    lines: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    _new: queue.Queue[str] = field(default_factory=queue.Queue)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.rstrip("\n")
+            self.lines.append(line)
+            match = _LINE.match(line)
+            if match and match.group("text").startswith("{"):
+                try:
+                    data = json.loads(match.group("text"))
+                except json.JSONDecodeError:
+                    data = None
+                if isinstance(data, dict):
+                    self.events.append(
+                        Event(match.group("slot"), match.group("epoch"), data, time.monotonic())
+                    )
+            self._new.put(line)
+        self._new.put("")
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        """Block until ``predicate()`` holds (checked as output arrives) or fail with the log."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (self.proc.poll() is not None and self._new.empty()):
+                if predicate():
+                    return
+                raise AssertionError(f"timed out waiting for {what}; output:\n" + self.tail())
+            with contextlib.suppress(queue.Empty):
+                self._new.get(timeout=min(remaining, 0.5))
+
+    def commits(self, size: int | None = None) -> list[Event]:
+        return [
+            e
+            for e in self.events
+            if e.data.get("event") == "commit" and (size is None or e.data.get("size") == size)
+        ]
+
+    def done(self) -> list[Event]:
+        return [e for e in self.events if e.data.get("event") == "done"]
+
+    def pid(self, key: str) -> int:
+        kv = self.store.get(key)
+        assert kv is not None, f"{key} is not in the store"
+        value = kv.value
+        assert isinstance(value, dict)
+        return int(value["pid"])  # type: ignore[arg-type]
+
+    def finish(self, timeout: float = 120) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError("job did not finish; output:\n" + self.tail()) from exc
+        self.wait_for(lambda: self._new.qsize() == 0, 5, "output to drain")
+        return code
+
+    def tail(self, lines: int = 80) -> str:
+        return "\n".join(self.lines[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.store.close()
+
+
+def start_job(
+    etcd: EmbeddedEtcd,
+    *flags: str,
+    script: str = HVD_SCRIPT,
+    script_args: tuple[str, ...] = (),
+) -> Job:
+    job_id = fresh_job_id("it")
+    command = [
+        ELASTIC_RUN,
+        "--etcd",
+        etcd.endpoints_text,
+        "--job-id",
+        job_id,
+        *flags,
+        "--",
+        "python",
+        script,
+        *script_args,
+    ]
+    return watch_process(command, etcd, job_id)
+
+
+def join_job(etcd: EmbeddedEtcd, job: Job, *flags: str) -> Job:
+    """Run `elastic-run join` for ``job`` in the background (its output read like a job's)."""
+    command = [ELASTIC_RUN, "join", "--etcd", etcd.endpoints_text, "--job-id", job.job_id, *flags]
+    return watch_process(command, etcd, job.job_id)
+
+
+def watch_process(command: list[str], etcd: EmbeddedEtcd, job_id: str) -> Job:
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    job = Job(proc, job_id, EtcdStore(etcd.endpoints_text, job_id))
+    threading.Thread(target=job._read, daemon=True).start()
+    return job
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ELASTIC_RUN, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def slot_of_rank(job: Job, rank: int, size: int) -> str:
+    for event in reversed(job.commits(size)):
+        if event.data["rank"] == rank:
+            return event.slot
+    raise AssertionError(f"no commit from rank {rank} at size {size}")

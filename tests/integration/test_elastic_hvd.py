@@ -1,0 +1,234 @@
+"""Elastic jobs of a script written only against Horovod's elastic API, under `elastic-run`.
+
+Real etcd, real Horovod/Gloo collectives, real processes killed with real signals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastic_allreduce.store import EmbeddedEtcd
+from tests.integration.harness import (
+    HVD_SCRIPT,
+    Job,
+    join_job,
+    run_cli,
+    slot_of_rank,
+    start_job,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+STEPS = 300
+COMMIT_EVERY = 5
+TRAIN = ("--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-delay", "0.03")
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.stop()
+
+
+def assert_consistent_finish(job: Job, expected_slots: int) -> None:
+    """Every survivor finished every step with the same weights."""
+    done = job.done()
+    assert len(done) == expected_slots, job.tail()
+    assert {e.data["step"] for e in done} == {STEPS}
+    assert len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
+    # At every commit step of the final size, all ranks hold identical weights.
+    final_size = done[0].data["size"]
+    by_step: dict[int, set[float]] = {}
+    for event in job.commits(final_size):
+        by_step.setdefault(event.data["step"], set()).add(event.data["checksum"])
+    assert by_step and all(len(values) == 1 for values in by_step.values()), by_step
+
+
+def steps_by_slot(job: Job, slot: str) -> list[int]:
+    return [e.data["step"] for e in job.commits() if e.slot == slot]
+
+
+def test_sigkill_of_one_of_three_workers_continues_at_size_two(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "3", "--max-restarts", "0", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
+    victim = slot_of_rank(job, 1, 3)
+    os.kill(job.pid(f"procs/{victim}"), signal.SIGKILL)
+    assert job.finish() == 0, job.tail()
+    before = [e.data["step"] for e in job.commits(3) if e.slot != victim]
+    after = job.commits(2)
+    assert after, job.tail()
+    assert {e.slot for e in after} == {e.slot for e in job.commits(3)} - {victim}
+    # The survivors resumed from their last commit, not from the start.
+    assert min(e.data["step"] for e in after) >= max(before)
+    assert not [e for e in job.events if e.slot == victim and e.at > after[0].at]
+    assert_consistent_finish(job, 2)
+    assert any(f"slot {victim} crashed: killed by SIGKILL" in line for line in job.lines)
+    assert any(
+        "epoch" in line and "running with 2 ranks; re-formed in" in line for line in job.lines
+    )
+
+
+def test_a_joining_worker_gets_the_committed_state_and_nobody_rolls_back(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "2", "--max-workers", "3", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
+    joiner = join_job(etcd_server, job)
+    jobs.append(joiner)
+    joiner.wait_for(lambda: bool(joiner.commits(3)), 90, "the joiner's first commit")
+    assert job.finish() == 0, job.tail()
+    assert joiner.finish(30) == 0, joiner.tail()
+    first = joiner.commits(3)[0]
+    peers = [e for e in job.commits(3) if e.data["step"] == first.data["step"]]
+    assert len(peers) == 2
+    assert {e.data["checksum"] for e in peers} == {first.data["checksum"]}
+    for slot in {e.slot for e in job.commits(2)}:
+        steps = steps_by_slot(job, slot)
+        assert steps == sorted(set(steps)), f"{slot} rolled back: {steps}"
+    done = job.done() + joiner.done()
+    assert len(done) == 3 and len({e.data["checksum"] for e in done}) == 1
+    assert any("joined" in line for line in job.lines)
+
+
+def test_sigterm_to_a_worker_node_is_a_graceful_leave_without_rollback(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "3", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
+    leaver = slot_of_rank(job, 2, 3)
+    node = leaver.split(".")[0]
+    os.kill(job.pid(f"members/{node}"), signal.SIGTERM)
+    assert job.finish() == 0, job.tail()
+    assert job.commits(2), job.tail()
+    for slot in {e.slot for e in job.commits(2)}:
+        steps = steps_by_slot(job, slot)
+        assert steps == sorted(set(steps)), f"{slot} rolled back: {steps}"
+    assert not any("crashed" in line for line in job.lines), job.tail()
+    assert any(f"node {node} is leaving gracefully" in line for line in job.lines)
+    assert_consistent_finish(job, 2)
+
+
+def test_a_hung_worker_is_evicted_through_its_lease(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "3", "--max-restarts", "0", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
+    victim = slot_of_rank(job, 1, 3)
+    pid = job.pid(f"procs/{victim}")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert job.finish() == 0, job.tail()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert any(f"slot {victim} lost its lease" in line for line in job.lines), job.tail()
+    assert_consistent_finish(job, 2)
+
+
+def test_a_death_while_the_ring_re_forms_does_not_hang_the_job(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "4", "--max-restarts", "0", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(4)) >= 8, 120, "commits at size 4")
+    first, second = slot_of_rank(job, 1, 4), slot_of_rank(job, 2, 4)
+    pids = job.pid(f"procs/{first}"), job.pid(f"procs/{second}")
+    os.kill(pids[0], signal.SIGKILL)
+    # The second death lands while the survivors are forming the next ring.
+    job.wait_for(
+        lambda: any("forming epoch" in line and "failure" in line for line in job.lines),
+        30,
+        "a re-form",
+    )
+    os.kill(pids[1], signal.SIGKILL)
+    assert job.finish() == 0, job.tail()
+    assert_consistent_finish(job, 2)
+
+
+def test_fewer_than_min_workers_waits_then_fails_clearly(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--min-workers", "2", "--max-restarts", "0", "--wait-timeout", "3"),
+        script_args=TRAIN,
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
+    os.kill(job.pid(f"procs/{slot_of_rank(job, 1, 2)}"), signal.SIGKILL)
+    assert job.finish() == 1, job.tail()
+    final = job.lines[-1]
+    assert "failed: only 1 of at least 2 workers were ready for 3 s (--min-workers)" in final, final
+    assert "killed by SIGKILL" in final
+
+
+def test_a_script_that_always_crashes_fails_after_max_restarts(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import horovod.tensorflow as hvd\n"
+        "hvd.init()\n"
+        "raise ValueError('boom: the data file is missing')\n"
+    )
+    job = start_job(
+        etcd_server,
+        "--workers",
+        "1",
+        "--max-restarts",
+        "2",
+        "--wait-timeout",
+        "5",
+        script=str(script),
+    )
+    jobs.append(job)
+    assert job.finish() == 1, job.tail()
+    restarts = [line for line in job.lines if "restarting it" in line]
+    assert len(restarts) == 2, job.tail()
+    assert "ValueError: boom: the data file is missing" in job.lines[-1], job.lines[-1]
+    assert "no restarts left" in job.tail()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--workers", "3", "--min-workers", "4"),
+            "need --min-workers <= --workers <= --max-workers",
+        ),
+        (("--workers", "0"), "must be at least 1"),
+        (("--etcd", "127.0.0.1:1", "--", "python", HVD_SCRIPT), "is unreachable"),
+        (("--workers", "1"), "no training command"),
+        (("--", "python", "missing.py"), "training script 'missing.py' does not exist"),
+        (("--", "bash", "-c", "true"), "elastic-run runs Python training scripts"),
+    ],
+)
+def test_bad_run_input_gives_one_clear_error(args: tuple[str, ...], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["join", "scale", "status"])
+def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: str) -> None:
+    extra = ["3"] if command == "scale" else []
+    result = run_cli(
+        command, "--etcd", etcd_server.endpoints_text, "--job-id", "no-such-job", *extra
+    )
+    assert result.returncode == 2, result
+    assert "unknown job 'no-such-job'" in result.stderr
