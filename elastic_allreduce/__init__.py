@@ -1,7 +1,38 @@
 """elastic-allreduce: elastic, fault-tolerant TensorFlow 2 training on Horovod's ring allreduce.
 
-The worker-side library. It never imports :mod:`launcher` (the control plane); code both sides
-need, such as the membership store, lives here.
+The worker-side library. ``import elastic_allreduce as ea`` gives the training API of
+:mod:`elastic_allreduce.worker` (``ea.init``, ``ea.run``, ``ea.State``, ``ea.rank``, ...),
+imported on first use so that the control plane can use :mod:`elastic_allreduce.store` without
+loading TensorFlow. This package never imports :mod:`launcher` (the control plane).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0.dev0"
+
+_WORKER_NAMES = frozenset(
+    {
+        "CommitStateCallback",
+        "DistributedGradientTape",
+        "DistributedOptimizer",
+        "State",
+        "UpdateBatchStateCallback",
+        "UpdateEpochStateCallback",
+        "allreduce",
+        "init",
+        "local_rank",
+        "rank",
+        "run",
+        "shutdown",
+        "size",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:  # noqa: ANN401 - the worker API's objects have many types
+    if name in _WORKER_NAMES:
+        return getattr(importlib.import_module("elastic_allreduce.worker"), name)
+    raise AttributeError(f"module 'elastic_allreduce' has no attribute {name!r}")

@@ -31,3 +31,5 @@ HOROVOD_RANK_VARIABLES: Final = (
     "HOROVOD_CROSS_RANK",
     "HOROVOD_CROSS_SIZE",
 )
+#: Directory for the periodic checkpoints of elastic_allreduce.State (from --checkpoint-dir).
+CHECKPOINT_DIR: Final = "ELASTIC_ALLREDUCE_CHECKPOINT_DIR"

@@ -47,6 +47,7 @@ class AgentSettings:
     node_id: str
     nproc_per_node: int
     command: tuple[str, ...]
+    checkpoint_dir: str | None = None
     host: str = "127.0.0.1"
     gloo_iface: str = "lo"
     lease_ttl: int = 3
@@ -229,6 +230,8 @@ class Agent:
             }
         )
         child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if settings.checkpoint_dir:
+            child_env[env.CHECKPOINT_DIR] = settings.checkpoint_dir
         command = [
             sys.executable,
             "-m",

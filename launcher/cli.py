@@ -85,6 +85,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="crashed processes restarted in all before the job fails (default 3)",
     )
     run.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="where elastic_allreduce.State writes periodic checkpoints (the job resumes from "
+        "the newest one when every worker died)",
+    )
+    run.add_argument(
         "--wait-timeout",
         type=float,
         default=60.0,
@@ -230,6 +236,7 @@ def _run_join(args: argparse.Namespace) -> int:
     store.close()
     nproc = args.nproc_per_node or config.get("nproc_per_node") or 1
     command = config.get("command")
+    checkpoint_dir = config.get("checkpoint_dir")
     if not isinstance(nproc, int) or not isinstance(command, list):
         raise ConfigError(f"job {args.job_id!r} has no usable configuration in the store")
     node_id = args.node_id or f"j{os.getpid()}"
@@ -241,6 +248,7 @@ def _run_join(args: argparse.Namespace) -> int:
             node_id=node_id,
             nproc_per_node=nproc,
             command=tuple(str(part) for part in command),
+            checkpoint_dir=checkpoint_dir if isinstance(checkpoint_dir, str) else None,
         )
     )
     print(f"elastic-run join: node {node_id} joining job {args.job_id}", flush=True)
@@ -332,9 +340,12 @@ def _run_job(args: argparse.Namespace) -> int:
             node_id="",
             nproc_per_node=args.nproc_per_node,
             command=tuple(command),
+            checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
         )
         launcher = Launcher(
-            LaunchSettings(etcd, job_id, workers, settings, tuple(command)),
+            LaunchSettings(
+                etcd, job_id, workers, settings, tuple(command), template.checkpoint_dir
+            ),
             LocalProvisioner(template),
         )
         result = launcher.run()

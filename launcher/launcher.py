@@ -48,6 +48,7 @@ class LaunchSettings:
     workers: int
     job: JobSettings
     command: tuple[str, ...]
+    checkpoint_dir: str | None = None
     host: str = "127.0.0.1"
     lease_ttl: int = 3
 
@@ -118,6 +119,7 @@ class Launcher:
         config = self.settings.job.to_json()
         assert isinstance(config, dict)
         config["command"] = list(self.settings.command)
+        config["checkpoint_dir"] = self.settings.checkpoint_dir
         self.store.put("config/job", config)
 
     def _loop(self, policy: RingPolicy) -> JobResult:
@@ -208,6 +210,7 @@ class Launcher:
         elif isinstance(decision, ReleaseWaiters):
             if any(a.rank >= 0 for _, a in decision.answers):
                 self.rendezvous.clear_gloo_scopes()
+                self.rendezvous.forget([slot for slot, _ in decision.answers])
             self.board.answer({slot: Answer(decision.epoch, a) for slot, a in decision.answers})
         elif isinstance(decision, StopNode):
             self._log(f"stopping node {decision.node} (scale-down)")

@@ -526,6 +526,7 @@ class RingPolicy:
         epoch = (previous.epoch if previous else 0) + 1
         waiting = tuple(s for s in target if s not in view.waiting)
         self.ring = Ring(epoch, target, RingState.FORMING, self.rendezvous, waiting, cause)
+        before = self.member_incarnations
         self.member_incarnations = {s: view.procs[s].incarnation for s in target if s in view.procs}
         self.epoch_since = view.now
         decisions: list[Decision] = [
@@ -534,11 +535,12 @@ class RingPolicy:
         ]
         if previous is not None:
             for slot in target:
-                if slot not in previous.slots:
+                if before.get(slot) != self.member_incarnations.get(slot):
                     decisions.append(Log(f"slot {slot} joined"))
             for slot in previous.slots:
-                if slot not in target and slot in view.procs:
-                    decisions.append(Log(f"slot {slot} is leaving"))
+                proc = view.procs.get(slot)
+                if slot not in target and proc is not None and proc.incarnation == before.get(slot):
+                    decisions.append(Log(f"slot {slot} leaves the ring"))
         if previous is not None and cause == "resize":
             removed = not (set(target) - set(previous.slots))
             survivors = tuple(s for s in previous.slots if s in view.procs)

@@ -109,6 +109,9 @@ class RendezvousService:
         self.wait_timeout = wait_timeout
         self._server = RendezvousServer(verbose=0)
         self._clients: dict[str, tuple[object, bytes]] = {}
+        #: The newest notification for each slot, re-sent when a slot (re)registers: a worker
+        #: that registers after a resize was decided must still hear of it.
+        self._pending: dict[str, tuple[int, bool]] = {}
         self._clients_lock = threading.Lock()
         self.port = 0
 
@@ -131,19 +134,36 @@ class RendezvousService:
         """Remember a worker's notification service (from ``PUT /worker_addresses``)."""
         with self._clients_lock:
             self._clients[slot] = (addresses, secret_key)
+            pending = self._pending.get(slot)
+        if pending is not None:
+            self._send(slot, addresses, secret_key, *pending)
 
     def notify(self, slots: list[str], timestamp: int, removed: bool) -> None:
         """Tell workers that membership changed; each sends it to its State at next commit."""
-        update = HostUpdateResult.removed if removed else HostUpdateResult.added
         with self._clients_lock:
+            for slot in slots:
+                self._pending[slot] = (timestamp, removed)
             targets = [(s, self._clients[s]) for s in slots if s in self._clients]
         for slot, (addresses, secret_key) in targets:
-            threading.Thread(
-                target=_notify_one,
-                args=(slot, addresses, secret_key, timestamp, update),
-                name=f"notify-{slot}",
-                daemon=True,
-            ).start()
+            self._send(slot, addresses, secret_key, timestamp, removed)
+
+    def forget(self, slots: list[str]) -> None:
+        """Drop pending notifications of slots that reached the new epoch."""
+        with self._clients_lock:
+            for slot in slots:
+                self._pending.pop(slot, None)
+
+    @staticmethod
+    def _send(
+        slot: str, addresses: object, secret_key: bytes, timestamp: int, removed: bool
+    ) -> None:
+        update = HostUpdateResult.removed if removed else HostUpdateResult.added
+        threading.Thread(
+            target=_notify_one,
+            args=(slot, addresses, secret_key, timestamp, update),
+            name=f"notify-{slot}",
+            daemon=True,
+        ).start()
 
 
 def _notify_one(

@@ -1,6 +1,7 @@
-"""Elastic jobs of a script written only against Horovod's elastic API, under `elastic-run`.
+"""Elastic jobs under `elastic-run`: real etcd, Horovod/Gloo, processes and signals.
 
-Real etcd, real Horovod/Gloo collectives, real processes killed with real signals.
+The membership scenarios run twice: on a script written only against Horovod's elastic API, and
+on one using elastic_allreduce's State.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import pytest
 
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (
+    EA_SCRIPT,
     HVD_SCRIPT,
+    SCRIPTS,
     Job,
     join_job,
     run_cli,
@@ -56,10 +59,13 @@ def steps_by_slot(job: Job, slot: str) -> list[int]:
     return [e.data["step"] for e in job.commits() if e.slot == slot]
 
 
+@pytest.mark.parametrize("script", SCRIPTS.values(), ids=SCRIPTS.keys())
 def test_sigkill_of_one_of_three_workers_continues_at_size_two(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
 ) -> None:
-    job = start_job(etcd_server, "--workers", "3", "--max-restarts", "0", script_args=TRAIN)
+    job = start_job(
+        etcd_server, "--workers", "3", "--max-restarts", "0", script=script, script_args=TRAIN
+    )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
     victim = slot_of_rank(job, 1, 3)
@@ -79,10 +85,13 @@ def test_sigkill_of_one_of_three_workers_continues_at_size_two(
     )
 
 
+@pytest.mark.parametrize("script", SCRIPTS.values(), ids=SCRIPTS.keys())
 def test_a_joining_worker_gets_the_committed_state_and_nobody_rolls_back(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
 ) -> None:
-    job = start_job(etcd_server, "--workers", "2", "--max-workers", "3", script_args=TRAIN)
+    job = start_job(
+        etcd_server, "--workers", "2", "--max-workers", "3", script=script, script_args=TRAIN
+    )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
     joiner = join_job(etcd_server, job)
@@ -102,10 +111,11 @@ def test_a_joining_worker_gets_the_committed_state_and_nobody_rolls_back(
     assert any("joined" in line for line in job.lines)
 
 
+@pytest.mark.parametrize("script", SCRIPTS.values(), ids=SCRIPTS.keys())
 def test_sigterm_to_a_worker_node_is_a_graceful_leave_without_rollback(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
 ) -> None:
-    job = start_job(etcd_server, "--workers", "3", script_args=TRAIN)
+    job = start_job(etcd_server, "--workers", "3", script=script, script_args=TRAIN)
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
     leaver = slot_of_rank(job, 2, 3)
@@ -232,3 +242,49 @@ def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: s
     )
     assert result.returncode == 2, result
     assert "unknown job 'no-such-job'" in result.stderr
+
+
+def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "2", "--checkpoint-dir", str(checkpoints)),
+        script=EA_SCRIPT,
+        script_args=TRAIN,
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
+    slots = sorted({e.slot for e in job.commits(2)})
+    pids = [job.pid(f"procs/{slot}") for slot in slots]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    killed_at = max(e.data["step"] for e in job.commits(2))
+    assert job.finish() == 0, job.tail()
+    resumed = [e for e in job.events if e.data.get("event") == "resumed"]
+    assert len(resumed) == 2, job.tail()
+    # Both restarted processes loaded the same checkpoint: at most a few commits back.
+    assert len({e.data["step"] for e in resumed}) == 1
+    step = resumed[0].data["step"]
+    assert 0 < step <= killed_at
+    assert killed_at - step <= 2 * COMMIT_EVERY * 2
+    assert (checkpoints / "LATEST").exists()
+    assert_consistent_finish(job, 2)
+
+
+def test_status_shows_the_ring_members_and_last_commit(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "2", script=EA_SCRIPT, script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
+    result = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
+    assert result.returncode == 0, result.stderr
+    assert '"phase": "running"' in result.stdout
+    assert "ring epoch 1 (running" in result.stdout
+    assert "rank 0: " in result.stdout and "rank 1: " in result.stdout
+    assert '"commit_id"' in result.stdout and '"size": 2' in result.stdout
+    scaled = run_cli("scale", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id, "3")
+    assert scaled.returncode == 2 and "--max-workers 2" in scaled.stderr
+    assert job.finish() == 0, job.tail()
