@@ -367,23 +367,6 @@ class RingPolicy:
             else:
                 self.target_workers -= 1
                 decisions.append(Log(f"node {node} was lost; no restarts left to replace it"))
-        if self.phase is not Phase.RUNNING:
-            return decisions
-        alive = sorted(
-            (
-                m
-                for m in view.members.values()
-                if not m.leaving and m.node not in self.stopping_nodes
-            ),
-            key=lambda m: m.registered,
-        )
-        have = len(alive) + len(self.requested_nodes)
-        if have < self.target_workers:
-            decisions.append(StartNodes(self.target_workers - have))
-        elif have > self.target_workers and self.ring is not None:
-            for member in alive[max(0, len(alive) - (have - self.target_workers)) :]:
-                self.stopping_nodes.add(member.node)
-                decisions.append(StopNode(member.node))
         return decisions
 
     # -- exits -------------------------------------------------------------------------------
@@ -457,6 +440,17 @@ class RingPolicy:
             and self._usable(slot, view)
         )
 
+    def _left(self, slot: str, view: JobView) -> bool:
+        """A ring member whose node is leaving gracefully while its process still runs."""
+        member = view.members.get(split_slot(slot)[0])
+        proc = view.procs.get(slot)
+        return (
+            member is not None
+            and member.leaving
+            and proc is not None
+            and proc.incarnation == self.member_incarnations.get(slot)
+        )
+
     def _alive_nodes(self, view: JobView) -> int:
         """Nodes with at least one usable live process (ready or still starting)."""
         return len({split_slot(s)[0] for s in view.procs if self._usable(s, view)})
@@ -480,7 +474,7 @@ class RingPolicy:
             return self._form(
                 view, tuple(s for s in target if split_slot(s)[0] in complete), "start"
             )
-        died = [s for s in ring.slots if s not in survivors]
+        died = [s for s in ring.slots if s not in survivors and not self._left(s, view)]
         resets = [s for s in ring.slots if view.waiting.get(s) == "reset"]
         if ring.state is RingState.RUNNING and not died and not resets and target == ring.slots:
             self.below_min_since = None

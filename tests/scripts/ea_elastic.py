@@ -1,7 +1,8 @@
 """A TF2 training script on elastic_allreduce's API (State with checkpoints, progress).
 
 Prints one JSON line per commit ({"event": "commit", "step", "size", "rank", "checksum"}),
-"resumed" when it starts from a checkpoint, and "done" at the end.
+"resumed" when it starts from a checkpoint, and "done" at the end (with "steps_run": the steps
+this process executed; more than its share means steps were rolled back and run again).
 """
 
 import argparse
@@ -39,10 +40,14 @@ def step_fn():
     optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
 
+steps_run = [0]
+
+
 def emit(event, state):
     weights = sum(float(tf.reduce_sum(v)) for v in model.variables)
     record = {"event": event, "step": state.step, "size": ea.size(), "rank": ea.rank()}
     record.update(checksum=round(weights, 6), slot=os.environ.get("HOROVOD_HOSTNAME"))
+    record["steps_run"] = steps_run[0]
     print(json.dumps(record), flush=True)
 
 
@@ -56,6 +61,7 @@ def train(state):
     while state.step < args.steps:
         step_fn()
         state.step += 1
+        steps_run[0] += 1
         time.sleep(args.step_delay)
         if state.step % args.commit_every == 0:
             state.commit()

@@ -2,7 +2,8 @@
 
 It trains a small linear model on fixed data and, at every commit, prints one JSON line:
 {"event": "commit", "step": S, "size": N, "rank": R, "checksum": C}. At the end it prints
-{"event": "done", ...}. Steps and commit interval come from the command line.
+{"event": "done", ..., "steps_run": K} where K counts the steps this process executed: more
+than its share means some steps were rolled back and run again.
 """
 
 import argparse
@@ -45,6 +46,9 @@ def checksum() -> float:
     return float(sum(float(tf.reduce_sum(v)) for v in model.variables))
 
 
+steps_run = [0]
+
+
 def report(event: str, state) -> None:
     print(
         json.dumps(
@@ -55,6 +59,7 @@ def report(event: str, state) -> None:
                 "rank": hvd.rank(),
                 "slot": os.environ.get("HOROVOD_HOSTNAME"),
                 "checksum": round(checksum(), 6),
+                "steps_run": steps_run[0],
             }
         ),
         flush=True,
@@ -66,6 +71,7 @@ def train(state):
     while state.step < args.steps:
         train_step(features, labels)
         state.step += 1
+        steps_run[0] += 1
         if args.step_delay:
             time.sleep(args.step_delay)
         if state.step % args.commit_every == 0:

@@ -1,0 +1,282 @@
+"""The launcher's ring policy, step by step (pure: no store, no processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pytest
+
+from elastic_allreduce.rendezvous.model import REMOVED, RingState, next_membership
+from launcher.policy import (
+    Decision,
+    Exit,
+    FinishJob,
+    JobSettings,
+    JobView,
+    Log,
+    Member,
+    NotifyWorkers,
+    Proc,
+    ReleaseWaiters,
+    RingPolicy,
+    SetDirective,
+    StartNodes,
+    StopNode,
+    WriteRing,
+)
+
+D = TypeVar("D")
+
+
+@dataclass
+class World:
+    """A hand-made job: nodes with one slot each, their processes, exits and waiters."""
+
+    now: float = 0.0
+    procs: dict[str, Proc] = field(default_factory=dict)
+    members: dict[str, Member] = field(default_factory=dict)
+    exits: list[Exit] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    scale_target: int | None = None
+    revision: int = 0
+
+    def add_node(self, node: str, *, ready: bool = True, incarnation: int = 1) -> str:
+        self.revision += 1
+        self.members.setdefault(node, Member(node, 1, False, self.revision))
+        slot = f"{node}.0"
+        self.procs[slot] = Proc(slot, incarnation, self.revision)
+        if ready:
+            self.waiting[slot] = "fresh"
+        return slot
+
+    def kill(self, slot: str, code: int | None = None, signal: int | None = 9) -> None:
+        proc = self.procs.pop(slot)
+        self.waiting.pop(slot, None)
+        self.exits.append(Exit(slot, proc.incarnation, code, signal, ("Traceback", "boom")))
+
+    def view(self) -> JobView:
+        return JobView(
+            self.now,
+            dict(self.procs),
+            dict(self.members),
+            tuple(self.exits),
+            dict(self.waiting),
+            self.scale_target,
+        )
+
+
+def make_policy(target_workers: int = 3, **overrides: float) -> RingPolicy:
+    settings = JobSettings(
+        min_workers=int(overrides.pop("min_workers", 1)),
+        max_workers=int(overrides.pop("max_workers", 4)),
+        nproc_per_node=1,
+        max_restarts=int(overrides.pop("max_restarts", 0)),
+        **overrides,
+    )
+    return RingPolicy(settings, "127.0.0.1:1234", started_at=0.0, target_workers=target_workers)
+
+
+def step(policy: RingPolicy, world: World) -> list[Decision]:
+    decisions = policy.step(world.view())
+    for decision in decisions:  # what the executor does to the world
+        if isinstance(decision, ReleaseWaiters):
+            for slot, _ in decision.answers:
+                world.waiting.pop(slot, None)
+    return decisions
+
+
+def of(kind: type[D], decisions: list[Decision]) -> list[D]:
+    return [d for d in decisions if isinstance(d, kind)]
+
+
+def answers(decisions: list[Decision]) -> dict[str, int]:
+    released: dict[str, int] = {}
+    for decision in of(ReleaseWaiters, decisions):
+        released.update({slot: a.rank for slot, a in decision.answers})
+    return released
+
+
+def started_job(count: int = 3, **overrides: float) -> tuple[RingPolicy, World, list[str]]:
+    policy, world = make_policy(count, **overrides), World()
+    policy.nodes_started([f"n{i}" for i in range(count)], 0.0)
+    slots = [world.add_node(f"n{i}") for i in range(count)]
+    decisions = step(policy, world)
+    assert answers(decisions) == {slot: rank for rank, slot in enumerate(slots)}
+    return policy, world, slots
+
+
+def test_the_first_epoch_starts_when_every_initial_worker_is_ready() -> None:
+    policy, world = make_policy(), World()
+    policy.nodes_started(["n0", "n1", "n2"], 0.0)
+    world.add_node("n0")
+    world.add_node("n1")
+    assert of(WriteRing, step(policy, world)) == []
+    world.add_node("n2")
+    decisions = step(policy, world)
+    rings = [d.ring for d in of(WriteRing, decisions)]
+    assert [r.state for r in rings] == [RingState.FORMING, RingState.RUNNING]
+    assert rings[-1].epoch == 1 and rings[-1].slots == ("n0.0", "n1.0", "n2.0")
+    assert answers(decisions) == {"n0.0": 0, "n1.0": 1, "n2.0": 2}
+
+
+def test_after_the_start_grace_the_first_epoch_starts_with_enough_workers() -> None:
+    policy, world = make_policy(min_workers=2, start_grace=10.0), World()
+    world.add_node("n0")
+    world.add_node("n1")
+    assert of(WriteRing, step(policy, world)) == []
+    world.now = 10.5
+    assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1}
+
+
+def test_a_crash_without_restarts_drops_the_slot_and_survivors_keep_their_order() -> None:
+    policy, world, slots = started_job()
+    world.kill(slots[0])
+    decisions = step(policy, world)
+    assert SetDirective("n0", ()) in decisions
+    ring = of(WriteRing, decisions)[-1].ring
+    assert (ring.epoch, ring.state, ring.cause) == (2, RingState.FORMING, "failure")
+    assert ring.slots == ("n1.0", "n2.0") and ring.waiting == ("n1.0", "n2.0")
+    assert any("crashed: killed by SIGKILL" in d.message for d in of(Log, decisions))
+    world.waiting["n2.0"] = "reset"
+    assert answers(step(policy, world)) == {}
+    world.waiting["n1.0"] = "reset"
+    # The oldest survivor becomes rank 0: it holds the committed state to broadcast.
+    assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1}
+
+
+def test_a_restarted_process_joins_as_a_newcomer_never_as_rank_zero() -> None:
+    policy, world, slots = started_job(max_restarts=1)
+    world.kill(slots[0], code=1, signal=None)
+    decisions = step(policy, world)
+    assert SetDirective("n0", ((0, 2),)) in decisions
+    world.waiting.update({"n1.0": "reset", "n2.0": "reset"})
+    assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1}
+    world.add_node("n0", incarnation=2)
+    decisions = step(policy, world)
+    ring = of(WriteRing, decisions)[0].ring
+    assert ring.cause == "resize" and ring.slots == ("n1.0", "n2.0", "n0.0")
+    assert NotifyWorkers(("n1.0", "n2.0"), ring.epoch, False) in decisions
+    world.waiting.update({"n1.0": "reset", "n2.0": "reset"})
+    assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1, "n0.0": 2}
+
+
+def test_restarts_are_counted_and_then_the_job_fails_with_the_scripts_error() -> None:
+    policy, world, slots = started_job(count=1, max_restarts=1, wait_timeout=5.0)
+    world.kill(slots[0], code=1, signal=None)
+    assert SetDirective("n0", ((0, 2),)) in step(policy, world)
+    world.add_node("n0", incarnation=2)
+    step(policy, world)
+    world.kill("n0.0", code=1, signal=None)
+    decisions = step(policy, world)
+    assert any("no restarts left" in d.message for d in of(Log, decisions))
+    world.now = 6.0
+    finish = of(FinishJob, step(policy, world))
+    assert len(finish) == 1 and not finish[0].succeeded
+    assert "exit code 1; last output: Traceback | boom" in finish[0].reason
+
+
+def test_a_member_that_resets_on_its_own_starts_a_failure_epoch() -> None:
+    policy, world, _ = started_job()
+    world.waiting["n1.0"] = "reset"
+    ring = of(WriteRing, step(policy, world))[0].ring
+    assert (ring.epoch, ring.cause, ring.waiting) == (2, "failure", ("n0.0", "n2.0"))
+
+
+def test_a_join_is_a_resize_that_notifies_the_members() -> None:
+    policy, world, _ = started_job()
+    world.add_node("n3")
+    decisions = step(policy, world)
+    assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2, False) in decisions
+    assert any(d.message == "slot n3.0 joined" for d in of(Log, decisions))
+    world.waiting.update({s: "reset" for s in ("n0.0", "n1.0", "n2.0")})
+    assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1, "n2.0": 2, "n3.0": 3}
+
+
+def test_a_graceful_leave_is_a_resize_and_the_leaver_is_told_it_is_removed() -> None:
+    policy, world, _ = started_job()
+    world.members["n2"] = Member("n2", 1, True, world.members["n2"].registered)
+    decisions = step(policy, world)
+    assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2, True) in decisions
+    world.waiting.update({s: "reset" for s in ("n0.0", "n1.0", "n2.0")})
+    decisions = step(policy, world)
+    released = {s: a for d in of(ReleaseWaiters, decisions) for s, a in d.answers}
+    assert released["n2.0"] == REMOVED
+    assert (released["n0.0"].rank, released["n1.0"].rank) == (0, 1)
+
+
+def test_a_lost_lease_replaces_the_hung_process_while_restarts_last() -> None:
+    policy, world, _ = started_job(max_restarts=1)
+    del world.procs["n1.0"]  # lease expired: no exit record
+    decisions = step(policy, world)
+    assert any("slot n1.0 lost its lease" in d.message for d in of(Log, decisions))
+    assert SetDirective("n1", ((0, 2),)) in decisions
+
+
+def test_a_member_stuck_in_a_failed_collective_is_replaced() -> None:
+    policy, world, slots = started_job(stuck_timeout=5.0, max_restarts=0)
+    world.kill(slots[0])
+    step(policy, world)
+    world.waiting["n1.0"] = "reset"
+    world.now = 3.0
+    assert of(SetDirective, step(policy, world)) == []
+    world.now = 6.0
+    decisions = step(policy, world)
+    assert SetDirective("n2", ((0, 2),)) in decisions
+    assert of(SetDirective, step(policy, world)) == []  # once per process
+
+
+def test_below_min_workers_the_job_waits_then_fails_clearly() -> None:
+    policy, world, slots = started_job(count=2, min_workers=2, wait_timeout=5.0)
+    world.kill(slots[1])
+    decisions = step(policy, world)
+    assert any("waiting for workers" in d.message for d in of(Log, decisions))
+    world.now = 4.0
+    assert of(FinishJob, step(policy, world)) == []
+    world.now = 5.5
+    (finish,) = of(FinishJob, step(policy, world))
+    assert not finish.succeeded
+    assert finish.reason.startswith("only 1 of at least 2 workers were ready for 5 s")
+
+
+def test_the_job_succeeds_when_every_member_finished() -> None:
+    policy, world, slots = started_job()
+    for slot in slots[:2]:
+        world.kill(slot, code=0, signal=None)
+    assert of(FinishJob, step(policy, world)) == []
+    world.add_node("n9")  # a late joiner is turned away while the job finishes
+    assert answers(step(policy, world)) == {"n9.0": -1}
+    world.kill(slots[2], code=0, signal=None)
+    (finish,) = of(FinishJob, step(policy, world))
+    assert finish.succeeded
+
+
+def test_scale_requests_start_or_stop_the_newest_nodes() -> None:
+    policy, world, _ = started_job()
+    world.scale_target = 4
+    assert StartNodes(1) in step(policy, world)
+    policy.nodes_started(["n3"], world.now)
+    assert of(StartNodes, step(policy, world)) == []  # n3 is on its way
+    world.add_node("n3", ready=False)
+    assert of(StartNodes, step(policy, world)) + of(StopNode, step(policy, world)) == []
+    world.scale_target = 2
+    assert of(StopNode, step(policy, world)) == [StopNode("n2"), StopNode("n3")]
+    assert of(StopNode, step(policy, world)) == []  # asked once
+    world.scale_target = 9  # clamped to --max-workers (4)
+    decisions = step(policy, world)
+    assert any("scaling to 4 nodes (asked for 9)" in d.message for d in of(Log, decisions))
+    assert of(StartNodes, decisions) == [StartNodes(2)]
+
+
+@pytest.mark.parametrize(
+    ("current", "alive", "expected"),
+    [
+        (("a.0", "b.0", "c.0"), {"c.0": 3, "a.0": 1}, ("a.0", "c.0")),
+        (("a.0",), {"a.0": 1, "z.0": 9, "y.0": 5}, ("a.0", "y.0", "z.0")),
+        ((), {"b.0": 2, "a.0": 2}, ("a.0", "b.0")),
+    ],
+)
+def test_next_membership_keeps_survivor_order_and_appends_newcomers_oldest_first(
+    current: tuple[str, ...], alive: dict[str, int], expected: tuple[str, ...]
+) -> None:
+    assert next_membership(current, alive) == expected
