@@ -26,6 +26,7 @@ from types import FrameType
 from typing import IO, Final
 
 from elastic_allreduce import env
+from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.rendezvous.model import Ring, slot_id
 from elastic_allreduce.store import EtcdStore, KeyValue, Lease
@@ -152,7 +153,7 @@ class Agent:
                 self._apply(directive, rendezvous)
             if self._leaving:
                 if not self._procs:
-                    log.info("node %s left job %s", node, self.settings.job_id)
+                    log.info("[%s node %s] left the job", self.settings.job_id, node)
                     return 0
                 if self._leave_deadline is not None and time.monotonic() > self._leave_deadline:
                     self._stop_all(grace=0.0)
@@ -179,7 +180,11 @@ class Agent:
                     },
                     lease=self._lease,
                 )
-                log.info("node %s: SIGTERM, leaving the job gracefully", self.settings.node_id)
+                log.info(
+                    "[%s node %s] SIGTERM: leaving the job gracefully",
+                    self.settings.job_id,
+                    self.settings.node_id,
+                )
             elif kind == "exit":
                 assert isinstance(payload, _Process)
                 self._on_exit(payload)
@@ -245,6 +250,7 @@ class Agent:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl
         )
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         proc = _Process(index, incarnation, popen, tail, threading.Thread())
@@ -253,7 +259,7 @@ class Agent:
         )
         self._procs[index] = proc
         proc.reader.start()
-        log.info("slot %s: started incarnation %d (pid %d)", slot, incarnation, popen.pid)
+        log.info("[%s] started incarnation %d (pid %d)", self._prefix(slot), incarnation, popen.pid)
 
     def _pump(self, proc: _Process, slot: str) -> None:
         stream: IO[bytes] | None = proc.popen.stdout
@@ -289,7 +295,9 @@ class Agent:
                 self.store.revoke_lease(registered.lease)
         if self._procs.get(proc.index) is proc:
             del self._procs[proc.index]
-        log.info("slot %s: incarnation %d exited (%s)", slot, proc.incarnation, _describe(code))
+        log.info(
+            "[%s] incarnation %d exited (%s)", self._prefix(slot), proc.incarnation, _describe(code)
+        )
 
     def _stop_all(self, grace: float) -> None:
         for proc in list(self._procs.values()):

@@ -326,6 +326,11 @@ def _run_job(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         wait_timeout=args.wait_timeout,
     )
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     with contextlib.ExitStack() as stack:
         etcd = args.etcd
         if etcd is None:

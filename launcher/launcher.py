@@ -91,7 +91,13 @@ class Launcher:
             self._log(
                 f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}"
             )
-            return self._loop(policy)
+            try:
+                return self._loop(policy)
+            except KeyboardInterrupt:
+                reason = "interrupted (SIGINT or SIGTERM to elastic-run)"
+                self.store.put("status/job", {"phase": "failed", "reason": reason})
+                self._log(f"job {self.settings.job_id} failed: {reason}")
+                return JobResult(False, reason)
         finally:
             self.provisioner.close()
             self.rendezvous.stop()

@@ -122,9 +122,10 @@ class RendezvousService:
         return self.port
 
     def stop(self) -> None:
-        """Release waiters and stop the server."""
+        """Release waiters and stop the server (if it was started)."""
         self.board.close()
-        self._server.stop()
+        if self.port:
+            self._server.stop()
 
     def clear_gloo_scopes(self) -> None:
         """Forget Gloo's rendezvous keys of earlier epochs (called as an epoch starts)."""

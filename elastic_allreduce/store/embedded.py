@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import importlib.util
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -29,12 +26,12 @@ from types import TracebackType
 from typing import Final
 
 from elastic_allreduce import env
+from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.errors import EtcdServerError
 from elastic_allreduce.store.etcd import Endpoint
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG: Final = 1
 _ADDRESS_IN_USE_HINTS: Final = ("address already in use", "bind: address")
 
 
@@ -76,12 +73,6 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class EmbeddedEtcd:
@@ -184,7 +175,7 @@ class EmbeddedEtcd:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
             )
         deadline = time.monotonic() + timeout
         url = f"http://{self.endpoint}/health"

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+from elastic_allreduce._process import die_with_parent
 from launcher.agent import AgentSettings
 from launcher.provisioners.api import Provisioner
 
@@ -27,8 +28,13 @@ class LocalProvisioner(Provisioner):
             node_id = f"n{next(self._numbers)}"
             settings = dataclasses.replace(self._template, node_id=node_id)
             payload = json.dumps(dataclasses.asdict(settings))
+            # Own session: the launcher, not the terminal's Ctrl-C, decides when agents stop;
+            # and an agent dies with the launcher even when the launcher is SIGKILLed.
             self._agents[node_id] = subprocess.Popen(
-                [sys.executable, "-m", "launcher.agent", payload], stdin=subprocess.DEVNULL
+                [sys.executable, "-m", "launcher.agent", payload],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl
             )
             started.append(node_id)
         return started

@@ -288,3 +288,28 @@ def test_status_shows_the_ring_members_and_last_commit(
     scaled = run_cli("scale", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id, "3")
     assert scaled.returncode == 2 and "--max-workers 2" in scaled.stderr
     assert job.finish() == 0, job.tail()
+
+
+def test_a_second_launcher_is_refused_and_sigterm_stops_the_whole_job(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "2", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 2, 90, "commits at size 2")
+    second = run_cli(
+        *("--etcd", etcd_server.endpoints_text, "--job-id", job.job_id),
+        *("--workers", "1", "--", "python", HVD_SCRIPT),
+    )
+    assert second.returncode == 2
+    assert f"job '{job.job_id}' already has a live launcher" in second.stderr
+    pids = [
+        job.pid(key)
+        for key in job.store.get_prefix().as_dict()
+        if key.startswith(("procs/", "members/"))
+    ]
+    assert len(pids) == 4
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.finish(60) == 1
+    assert "interrupted" in job.lines[-1]
+    for pid in pids:
+        job.wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"), 30, f"pid {pid} to exit")
