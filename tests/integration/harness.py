@@ -23,6 +23,7 @@ from tests.conftest import ROOT, fresh_job_id
 ELASTIC_RUN = str(Path(sys.executable).parent / "elastic-run")
 HVD_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_elastic.py")
 EA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_elastic.py")
+KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
 _LINE = re.compile(

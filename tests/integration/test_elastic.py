@@ -18,7 +18,9 @@ from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (
     EA_SCRIPT,
     HVD_SCRIPT,
+    KERAS_SCRIPT,
     SCRIPTS,
+    Event,
     Job,
     join_job,
     run_cli,
@@ -313,3 +315,27 @@ def test_a_second_launcher_is_refused_and_sigterm_stops_the_whole_job(
     assert "interrupted" in job.lines[-1]
     for pid in pids:
         job.wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}"), 30, f"pid {pid} to exit")
+
+
+def test_keras_fit_with_the_callbacks_survives_a_sigkill(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(
+        etcd_server,
+        *("--workers", "3", "--max-restarts", "0"),
+        script=KERAS_SCRIPT,
+        script_args=("--epochs", "25"),
+    )
+    jobs.append(job)
+
+    def epochs(size: int) -> list[Event]:
+        return [e for e in job.events if e.data.get("event") == "epoch" and e.data["size"] == size]
+
+    job.wait_for(lambda: len(epochs(3)) >= 9, 90, "three epochs at size 3")
+    victim = next(e.slot for e in reversed(epochs(3)) if e.data["rank"] == 2)
+    os.kill(job.pid(f"procs/{victim}"), signal.SIGKILL)
+    assert job.finish() == 0, job.tail()
+    assert epochs(2), job.tail()
+    assert max(e.data["epoch"] for e in epochs(2)) == 24
+    done = job.done()
+    assert len(done) == 2 and len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
