@@ -315,6 +315,11 @@ def _recovery_trial(trial: int, np_: int, gloo_timeout: float | None, params: in
                     f"stepped again: {sorted(first)}; {job.why()}"
                 )
                 return None
+            offsets = ", ".join(f"rank {r} +{first[r] - killed_at:.3f} s" for r in sorted(first))
+            _log(
+                f"trial {trial}: killed rank {victim} (pid {pid}); first steps at size "
+                f"{np_ - 1}: {offsets}"
+            )
             return max(first.values()) - killed_at
 
 

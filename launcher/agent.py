@@ -31,7 +31,7 @@ from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.rendezvous.model import Ring, slot_id
 from elastic_allreduce.store import EtcdStore, KeyValue, Lease
 from elastic_allreduce.store.cache import PrefixCache
-from elastic_allreduce.store.codec import JsonValue
+from elastic_allreduce.store.codec import JsonValue, as_int
 
 log = logging.getLogger(__name__)
 
@@ -139,18 +139,19 @@ class Agent:
 
     def _serve(self, cache: PrefixCache, rendezvous: str) -> int:
         node = self.settings.node_id
+        changed = True
         while True:
-            cache.poll(0.05)
-            self._drain_events()
-            ring_kv = cache.get("ring")
-            if ring_kv is not None and ring_kv.malformed is None:
-                self._ring = Ring.from_json("ring", ring_kv.value)
-            status = cache.get("status/job")
-            if status is not None and _phase(status) in _FINAL_PHASES:
-                return 0
-            directive = cache.get(f"directives/{node}")
-            if directive is not None and directive.malformed is None:
-                self._apply(directive, rendezvous)
+            drained = self._drain_events()
+            if changed or drained:
+                ring_kv = cache.get("ring")
+                if ring_kv is not None and ring_kv.malformed is None:
+                    self._ring = Ring.from_json("ring", ring_kv.value)
+                status = cache.get("status/job")
+                if status is not None and _phase(status) in _FINAL_PHASES:
+                    return 0
+                directive = cache.get(f"directives/{node}")
+                if directive is not None and directive.malformed is None:
+                    self._apply(directive, rendezvous)
             if self._leaving:
                 if not self._procs:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
@@ -161,13 +162,17 @@ class Agent:
                 incarnation > 0 for incarnation in self._desired.values()
             ):
                 return 0
+            changed = cache.poll(0.05)
 
-    def _drain_events(self) -> None:
+    def _drain_events(self) -> bool:
+        """Handle SIGTERM and process exits; return whether there were any."""
+        handled = False
         while True:
             try:
                 kind, payload = self._events.get_nowait()
             except queue.Empty:
-                return
+                return handled
+            handled = True
             if kind == "leave" and not self._leaving:
                 self._leaving = True
                 self._leave_deadline = time.monotonic() + self.settings.leave_timeout
@@ -191,17 +196,18 @@ class Agent:
 
     def _apply(self, directive: KeyValue, rendezvous: str) -> None:
         value = directive.value
-        if not isinstance(value, dict) or not isinstance(value.get("slots"), dict):
+        slots = value.get("slots") if isinstance(value, dict) else None
+        if not isinstance(slots, dict):
             return
-        desired = {int(k): int(v) for k, v in value["slots"].items()}  # type: ignore[union-attr, arg-type]
+        desired = {int(k): as_int(v, 0) for k, v in slots.items() if k.isdigit()}
         self._desired = {i: desired.get(i, 0) for i in range(self.settings.nproc_per_node)}
         for index, incarnation in self._desired.items():
             proc = self._procs.get(index)
             if proc is not None and (incarnation == 0 or proc.incarnation < incarnation):
                 if proc.popen.poll() is None:
                     log.info(
-                        "slot %s: stopping incarnation %d",
-                        slot_id(self.settings.node_id, index),
+                        "[%s] stopping incarnation %d",
+                        self._prefix(slot_id(self.settings.node_id, index)),
                         proc.incarnation,
                     )
                     proc.popen.kill()
