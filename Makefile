@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup lint test bench-store clean
+.PHONY: setup lint test bench-store bench-core clean
 
 setup: $(STAMP)
 
@@ -26,3 +26,7 @@ bench-store: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Elastic core vs horovodrun: recovery after SIGKILL and steady throughput (about 10 minutes).
+bench-core: setup
+	$(BIN)/python bench/core_bench.py

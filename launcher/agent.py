@@ -30,13 +30,14 @@ from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.rendezvous.model import Ring, slot_id
 from elastic_allreduce.store import EtcdStore, KeyValue, Lease
-from elastic_allreduce.store.cache import PrefixCache
+from elastic_allreduce.store.cache import PrefixCache, drain
 from elastic_allreduce.store.codec import JsonValue, as_int
 
 log = logging.getLogger(__name__)
 
 _TAIL_LINES: Final = 20
 _FINAL_PHASES: Final = ("succeeded", "failed")
+_LEAVE: Final = "leave"
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ class Agent:
             raise ConfigError(f"--nproc-per-node must be at least 1, got {settings.nproc_per_node}")
         self.settings = settings
         self.store = EtcdStore(settings.etcd, settings.job_id)
-        self._events: queue.Queue[tuple[str, object]] = queue.Queue()
+        #: Process exits, SIGTERM and the store's changes, in arrival order (see PrefixCache).
+        self._events: queue.Queue[object] = queue.Queue()
         self._procs: dict[int, _Process] = {}
         self._desired: dict[int, int] = dict.fromkeys(range(settings.nproc_per_node), 1)
         self._leaving = False
@@ -106,7 +108,7 @@ class Agent:
                 f"node id {settings.node_id!r} is already a member of job {settings.job_id!r}"
             )
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        cache = PrefixCache(self.store, "")
+        cache = PrefixCache(self.store, self._events)
         try:
             rendezvous = self._wait_for_launcher(cache)
             for index, incarnation in self._desired.items():
@@ -118,7 +120,7 @@ class Agent:
             self.store.close()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self._events.put(("leave", None))
+        self._events.put(_LEAVE)
 
     def _wait_for_launcher(self, cache: PrefixCache) -> str:
         deadline = time.monotonic() + self.settings.start_timeout
@@ -128,12 +130,13 @@ class Agent:
                 rendezvous = leader.value.get("rendezvous")
                 if isinstance(rendezvous, str):
                     return rendezvous
-            if time.monotonic() > deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise ConfigError(
                     f"no launcher for job {self.settings.job_id!r} appeared within "
                     f"{self.settings.start_timeout:.0f} s"
                 )
-            cache.poll(0.5)
+            self._handle(cache, drain(self._events, timeout=min(remaining, 1.0)))
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -141,8 +144,7 @@ class Agent:
         node = self.settings.node_id
         changed = True
         while True:
-            drained = self._drain_events()
-            if changed or drained:
+            if changed:
                 ring_kv = cache.get("ring")
                 if ring_kv is not None and ring_kv.malformed is None:
                     self._ring = Ring.from_json("ring", ring_kv.value)
@@ -162,37 +164,34 @@ class Agent:
                 incarnation > 0 for incarnation in self._desired.values()
             ):
                 return 0
-            changed = cache.poll(0.05)
+            changed = self._handle(cache, drain(self._events, timeout=1.0))
 
-    def _drain_events(self) -> bool:
-        """Handle SIGTERM and process exits; return whether there were any."""
-        handled = False
-        while True:
-            try:
-                kind, payload = self._events.get_nowait()
-            except queue.Empty:
-                return handled
-            handled = True
-            if kind == "leave" and not self._leaving:
-                self._leaving = True
-                self._leave_deadline = time.monotonic() + self.settings.leave_timeout
-                self.store.put(
-                    f"members/{self.settings.node_id}",
-                    {
-                        "host": self.settings.host,
-                        "slots": self.settings.nproc_per_node,
-                        "leaving": True,
-                    },
-                    lease=self._lease,
-                )
-                log.info(
-                    "[%s node %s] SIGTERM: leaving the job gracefully",
-                    self.settings.job_id,
-                    self.settings.node_id,
-                )
-            elif kind == "exit":
-                assert isinstance(payload, _Process)
-                self._on_exit(payload)
+    def _handle(self, cache: PrefixCache, items: list[object]) -> bool:
+        """Apply store changes, process exits and SIGTERM; return whether anything happened."""
+        for item in items:
+            if isinstance(item, _Process):
+                self._on_exit(item)
+            elif item == _LEAVE:
+                self._leave()
+            else:
+                cache.apply(item)
+        return bool(items)
+
+    def _leave(self) -> None:
+        if self._leaving:
+            return
+        self._leaving = True
+        self._leave_deadline = time.monotonic() + self.settings.leave_timeout
+        self.store.put(
+            f"members/{self.settings.node_id}",
+            {"host": self.settings.host, "slots": self.settings.nproc_per_node, "leaving": True},
+            lease=self._lease,
+        )
+        log.info(
+            "[%s node %s] SIGTERM: leaving the job gracefully",
+            self.settings.job_id,
+            self.settings.node_id,
+        )
 
     def _apply(self, directive: KeyValue, rendezvous: str) -> None:
         value = directive.value
@@ -277,7 +276,7 @@ class Agent:
                 sys.stdout.write(f"[{self._prefix(slot)}] {line}\n")
                 sys.stdout.flush()
         proc.popen.wait()
-        self._events.put(("exit", proc))
+        self._events.put(proc)
 
     def _prefix(self, slot: str) -> str:
         ring = self._ring

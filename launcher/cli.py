@@ -51,11 +51,13 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"elastic-run {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages to stderr")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
 
     run = commands.add_parser(
         "run",
+        parents=[common],
         help="run a job locally (the default: `elastic-run [OPTIONS] -- COMMAND`)",
         description=_RUN_DESCRIPTION,
     )
@@ -82,7 +84,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         metavar="N",
-        help="crashed processes restarted in all before the job fails (default 3)",
+        help="restarts of crashed or hung processes and replacements of lost nodes, in all, "
+        "before the job gives up on them (default 3)",
     )
     run.add_argument(
         "--checkpoint-dir",
@@ -101,6 +104,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     etcd = commands.add_parser(
         "etcd",
+        parents=[common],
         help="run a private etcd server on loopback until interrupted",
         description=(
             "Run a private single-member etcd server on a free loopback port (or --port) and "
@@ -113,6 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     join = commands.add_parser(
         "join",
+        parents=[common],
         help="add this machine as one more worker node of a running job",
         description=(
             "Run one worker node for a running job in the foreground: it registers in etcd, "
@@ -128,6 +133,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     scale = commands.add_parser(
         "scale",
+        parents=[common],
         help="ask a running job to grow or shrink to N worker nodes",
         description=(
             "Set the number of worker nodes a running job should have. The launcher starts new "
@@ -139,6 +145,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status",
+        parents=[common],
         help="show a job's phase, ring epoch, ranks and members",
         description="Show a job's phase, ring epoch and ranks, members and the last commit.",
     )
@@ -146,6 +153,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     keys = commands.add_parser(
         "keys",
+        parents=[common],
         help="print a job's keys in the store, one JSON object per line",
         description=(
             "Print every key of a job in the membership store with its revision and value, "
@@ -334,7 +342,7 @@ def _run_job(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         etcd = args.etcd
         if etcd is None:
-            server = stack.enter_context(EmbeddedEtcd())
+            server = stack.enter_context(EmbeddedEtcd(fast=False))
             etcd = server.endpoints_text
         else:
             EtcdStore(etcd, job_id).check()

@@ -9,12 +9,13 @@ initial nodes, then loops: read the job from the store and the rendezvous, let
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from dataclasses import dataclass
 
 from elastic_allreduce.errors import ConfigError, StoreError
 from elastic_allreduce.store import EtcdStore, Lease
-from elastic_allreduce.store.cache import PrefixCache
+from elastic_allreduce.store.cache import PrefixCache, drain
 from elastic_allreduce.store.codec import as_int
 from launcher.policy import (
     Decision,
@@ -68,7 +69,9 @@ class Launcher:
         self.settings = settings
         self.provisioner = provisioner
         self.store = EtcdStore(settings.etcd, settings.job_id)
-        self.board = ReadinessBoard(on_change=lambda: None)
+        #: Wakes the control loop: store changes (from the cache) and rendezvous arrivals.
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self.board = ReadinessBoard(on_change=lambda: self._inbox.put("rendezvous"))
         self.rendezvous = RendezvousService(self.board, wait_timeout=settings.job.wait_timeout + 60)
         self._ring_revision = 0
         self._epoch = 0
@@ -129,10 +132,12 @@ class Launcher:
         self.store.put("config/job", config)
 
     def _loop(self, policy: RingPolicy) -> JobResult:
-        cache = PrefixCache(self.store, "")
+        cache = PrefixCache(self.store, self._inbox)
         try:
             while True:
-                cache.poll(0.02)
+                # Deadlines (stuck members, wait timeouts) need a step at least this often.
+                for item in drain(self._inbox, timeout=0.25):
+                    cache.apply(item)
                 view = self._view(cache)
                 for decision in policy.step(view):
                     if isinstance(decision, StartNodes):

@@ -2,42 +2,72 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Mapping
 
-from elastic_allreduce.store.api import EventType, KeyValue, Store, Watch
+from elastic_allreduce.errors import StoreError
+from elastic_allreduce.store.api import EventType, KeyValue, Store, Watch, WatchEvent
 
 
 class PrefixCache:
     """Keeps ``{relative key: KeyValue}`` for a prefix current from the store's watch.
 
-    ``poll(timeout)`` applies the changes that arrived (waiting up to ``timeout`` for the first)
-    and returns whether anything changed; ``items()`` is the current view. A compaction RESYNC
-    replaces the whole view. Not thread-safe: one owner polls it.
+    Changes arrive in the owner's ``inbox``: a forwarding thread puts each WatchEvent there (or
+    the StoreError that ended the watch), so the owner waits on one queue for the store's
+    changes and its own events alike, with no polling. The owner hands every item it takes from
+    the inbox to :meth:`apply`; only the owner's thread reads or changes the view.
     """
 
-    def __init__(self, store: Store, prefix: str = "", *, give_up_after: float = 60.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        inbox: queue.Queue[object],
+        prefix: str = "",
+        *,
+        give_up_after: float = 60.0,
+    ) -> None:
         snapshot = store.get_prefix(prefix)
         self._items: dict[str, KeyValue] = dict(snapshot.as_dict())
         self.revision = snapshot.revision
         self._watch: Watch = store.watch_prefix(
             prefix, start_revision=snapshot.revision + 1, give_up_after=give_up_after
         )
+        self._inbox = inbox
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._forward, name=f"cache-{store.job_id}-{prefix or '*'}", daemon=True
+        )
+        self._thread.start()
 
-    def poll(self, timeout: float) -> bool:
-        """Apply pending changes; block up to ``timeout`` for the first one. True if any."""
-        changed = False
-        event = self._watch.get(timeout)
-        while event is not None:
-            changed = True
-            if event.type is EventType.RESYNC and event.snapshot is not None:
-                self._items = dict(event.snapshot.as_dict())
-            elif event.type is EventType.PUT and event.kv is not None:
-                self._items[event.key] = event.kv
-            else:
-                self._items.pop(event.key, None)
-            self.revision = max(self.revision, event.revision)
-            event = self._watch.get(0)
-        return changed
+    def _forward(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._watch.get(0.5)
+            except StoreError as exc:
+                if not self._stop.is_set():
+                    self._inbox.put(exc)
+                return
+            if event is not None:
+                self._inbox.put(event)
+
+    def apply(self, item: object) -> bool:
+        """Apply an inbox item if it is the store's; True if it changed the view.
+
+        Raises the StoreError that ended the watch (etcd unreachable for too long).
+        """
+        if isinstance(item, StoreError):
+            raise item
+        if not isinstance(item, WatchEvent):
+            return False
+        if item.type is EventType.RESYNC and item.snapshot is not None:
+            self._items = dict(item.snapshot.as_dict())
+        elif item.type is EventType.PUT and item.kv is not None:
+            self._items[item.key] = item.kv
+        else:
+            self._items.pop(item.key, None)
+        self.revision = max(self.revision, item.revision)
+        return True
 
     def items(self) -> Mapping[str, KeyValue]:
         """The current view (a copy)."""
@@ -48,5 +78,20 @@ class PrefixCache:
         return self._items.get(key)
 
     def close(self) -> None:
-        """Stop watching."""
+        """Stop watching and join the forwarding thread."""
+        self._stop.set()
         self._watch.close()
+        self._thread.join(timeout=5.0)
+
+
+def drain(inbox: queue.Queue[object], timeout: float) -> list[object]:
+    """Everything in ``inbox``: wait up to ``timeout`` for the first item, then take the rest."""
+    try:
+        items = [inbox.get(timeout=timeout)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            items.append(inbox.get_nowait())
+        except queue.Empty:
+            return items

@@ -339,3 +339,24 @@ def test_keras_fit_with_the_callbacks_survives_a_sigkill(
     assert max(e.data["epoch"] for e in epochs(2)) == 24
     done = job.done()
     assert len(done) == 2 and len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
+
+
+def test_scale_grows_then_shrinks_the_job_without_rollback(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    steps = 3 * STEPS
+    train = ("--steps", str(steps), *TRAIN[2:])
+    job = start_job(etcd_server, "--workers", "2", "--max-workers", "3", script_args=train)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
+    where = ("--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
+    assert run_cli("scale", *where, "3").returncode == 0
+    job.wait_for(lambda: len(job.commits(3)) >= 3, 90, "commits at size 3")
+    assert run_cli("scale", *where, "2").returncode == 0
+    grown_at = job.commits(3)[-1].at
+    job.wait_for(lambda: any(e.at > grown_at for e in job.commits(2)), 90, "size 2 again")
+    assert job.finish() == 0, job.tail()
+    assert any("stopping node n2 (scale-down)" in line for line in job.lines), job.tail()
+    for event in job.done():
+        assert event.data["steps_run"] == steps, event.data  # the first two never rolled back
+    assert not any("crashed" in line for line in job.lines)
