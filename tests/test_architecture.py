@@ -35,3 +35,11 @@ def test_the_check_itself_would_catch_an_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import os\nfrom launcher.cli import main\n")
     assert "launcher.cli" in imported_modules(sample)
+
+
+def test_the_lazy_training_api_names_match_the_worker_module() -> None:
+    import elastic_allreduce  # noqa: PLC0415
+    from elastic_allreduce import worker  # noqa: PLC0415 - imports TensorFlow
+
+    assert frozenset(worker.__all__) == elastic_allreduce._WORKER_NAMES
+    assert elastic_allreduce.State is worker.State
