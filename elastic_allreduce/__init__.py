@@ -15,9 +15,11 @@ __version__ = "0.1.0.dev0"
 
 _WORKER_NAMES = frozenset(
     {
+        "Batch",
         "CommitStateCallback",
         "DistributedGradientTape",
         "DistributedOptimizer",
+        "ElasticData",
         "State",
         "UpdateBatchStateCallback",
         "UpdateEpochStateCallback",

@@ -33,3 +33,5 @@ HOROVOD_RANK_VARIABLES: Final = (
 )
 #: Directory for the periodic checkpoints of elastic_allreduce.State (from --checkpoint-dir).
 CHECKPOINT_DIR: Final = "ELASTIC_ALLREDUCE_CHECKPOINT_DIR"
+#: Directory where every rank appends one JSON line per training step (the sample audit log).
+SAMPLE_LOG: Final = "ELASTIC_ALLREDUCE_SAMPLE_LOG"

@@ -24,11 +24,14 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import horovod.tensorflow as hvd
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 from horovod.tensorflow.elastic import TensorFlowKerasState
 from horovod.tensorflow.elastic import run as _horovod_run
@@ -39,7 +42,9 @@ from horovod.tensorflow.keras.elastic import (
     UpdateEpochStateCallback,
 )
 
-from elastic_allreduce import env
+from elastic_allreduce import env, runtime
+from elastic_allreduce.audit import SampleLog
+from elastic_allreduce.data import EpochSharding, global_batch_for
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,93 @@ DistributedOptimizer = hvd.DistributedOptimizer
 run = _horovod_run
 
 _LATEST = "LATEST"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One rank's part of one global step.
+
+    Train on ``tf.reduce_sum(per_example_loss) * loss_scale``: with an averaging allreduce the
+    gradient is then the mean over the whole global batch, whatever each rank's share (a rank
+    whose share is empty at the end of an epoch contributes zero).
+    """
+
+    features: Any
+    labels: Any
+    ids: npt.NDArray[np.int64]
+    global_size: int
+    loss_scale: float
+
+
+class ElasticData:
+    """Exactly-once batches of in-memory arrays (see :mod:`elastic_allreduce.data`).
+
+    The state must carry ``epoch``, ``position`` and ``step`` (``State(..., epoch=0,
+    position=0, step=0)``). ``batches(state)`` yields this rank's batches from the committed
+    position to the end of the state's epoch, prefetched by ``tf.data``; call
+    ``advance(state, batch)`` after each step. With ``global_batch`` the global batch stays
+    fixed across resizes; otherwise it is ``batch_per_rank`` x the number of ranks.
+    """
+
+    def __init__(
+        self,
+        features: npt.ArrayLike,
+        labels: npt.ArrayLike,
+        *,
+        batch_per_rank: int = 32,
+        global_batch: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_remainder: bool = False,
+    ) -> None:
+        self._features = np.asarray(features)
+        self._labels = np.asarray(labels)
+        if len(self._features) != len(self._labels):
+            raise ConfigError(
+                "features and labels differ in length: "
+                f"{len(self._features)} vs {len(self._labels)}"
+            )
+        self._policy = "fixed" if global_batch else "linear"
+        self._batch_per_rank = batch_per_rank
+        self._global_batch = global_batch
+        self.sharding = EpochSharding(len(self._features), seed, shuffle, drop_remainder)
+        self._log = SampleLog()
+
+    def batches(self, state: State) -> Iterator[Batch]:
+        """This rank's batches from ``state.position`` to the end of ``state.epoch``."""
+        rank, size = hvd.rank(), hvd.size()
+        batch = global_batch_for(self._policy, self._batch_per_rank, self._global_batch, size)
+        epoch, position, first_step = int(state.epoch), int(state.position), int(state.step)
+        plan = []
+        while (share := self.sharding.share(epoch, position, batch, rank, size)) is not None:
+            plan.append(share)
+            position += share.global_size
+
+        def generate() -> Iterator[tuple[Any, Any]]:
+            for share in plan:
+                yield self._features[share.ids], self._labels[share.ids]
+
+        signature = (
+            tf.TensorSpec((None, *self._features.shape[1:]), tf.as_dtype(self._features.dtype)),
+            tf.TensorSpec((None, *self._labels.shape[1:]), tf.as_dtype(self._labels.dtype)),
+        )
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(2)
+        ring = runtime.ring_epoch()
+        for offset, (share, (features, labels)) in enumerate(zip(plan, dataset, strict=True)):
+            self._log.record(ring, epoch, first_step + offset, rank, share.ids.tolist())
+            yield Batch(features, labels, share.ids, share.global_size, size / share.global_size)
+
+    @staticmethod
+    def advance(state: State, batch: Batch) -> None:
+        """Count a finished step: the epoch position moves past the whole global batch."""
+        state.position += batch.global_size
+        state.step += 1
+
+    @staticmethod
+    def next_epoch(state: State) -> None:
+        """Start the next data epoch at position 0."""
+        state.epoch += 1
+        state.position = 0
 
 
 class State(TensorFlowKerasState):  # type: ignore[misc]
@@ -97,6 +189,11 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             if self._checkpoint_dir is not None and self.commit_id % self._checkpoint_every == 0:
                 self._write_checkpoint(self._checkpoint_dir)
         self.check_host_updates()
+
+    def on_reset(self) -> None:
+        """After Horovod re-initialised: learn the new ring epoch, then run reset callbacks."""
+        runtime.refresh_ring_epoch()
+        super().on_reset()
 
     def sync(self) -> None:
         """Give every rank the newest committed state (from the lowest rank that has it)."""
@@ -181,9 +278,11 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
 
 
 __all__ = [
+    "Batch",
     "CommitStateCallback",
     "DistributedGradientTape",
     "DistributedOptimizer",
+    "ElasticData",
     "State",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",

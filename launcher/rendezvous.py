@@ -8,6 +8,8 @@ It answers Horovod's elastic protocol:
   of them can (a member that never arrives would abort its peers inside Gloo).
 * ``GET /elastic_ready/<slot>`` -- the same barrier for a fresh process (our bootstrap), which
   Horovod would not ask because its first ``hvd.init()`` reads the ranks from the environment.
+* ``GET /elastic_epoch/<slot>`` -- the ring epoch the slot was last admitted to; a worker asks
+  after each reset, since Horovod keeps the answer of ``rank_and_size`` to itself.
 * ``PUT /worker_addresses/<slot>:0`` -- a worker's notification service; the launcher uses it to
   send host-update notifications, which make ``state.commit()`` raise ``HostsUpdatedInterrupt``.
 
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RANK_AND_SIZE: Final = "rank_and_size"
 ELASTIC_READY: Final = "elastic_ready"
+ELASTIC_EPOCH: Final = "elastic_epoch"
 WORKER_ADDRESSES: Final = "worker_addresses"
 
 
@@ -55,6 +58,8 @@ class ReadinessBoard:
         self._cond = threading.Condition()
         self._waiting: dict[str, str] = {}
         self._answers: dict[str, Answer] = {}
+        #: The epoch each slot was last admitted to (what ``GET /elastic_epoch/<slot>`` says).
+        self._admitted: dict[str, int] = {}
         self._on_change = on_change
         self._closed = False
 
@@ -92,7 +97,14 @@ class ReadinessBoard:
             for slot, answer in answers.items():
                 if self._waiting.pop(slot, None) is not None:
                     self._answers[slot] = answer
+                    if answer.assignment.rank >= 0:
+                        self._admitted[slot] = answer.epoch
             self._cond.notify_all()
+
+    def admitted_epoch(self, slot: str) -> int | None:
+        """The ring epoch ``slot`` was last admitted to, if any."""
+        with self._cond:
+            return self._admitted.get(slot)
 
     def close(self) -> None:
         """Release every waiter (with REMOVED)."""
@@ -184,6 +196,9 @@ def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
                 slot = key.rsplit(":", 1)[0]
                 answer = service.board.wait(slot, "reset", service.wait_timeout)
                 return answer.assignment.horovod_response()
+            if scope == ELASTIC_EPOCH:
+                epoch = service.board.admitted_epoch(key)
+                return None if epoch is None else str(epoch).encode()
             if scope == ELASTIC_READY:
                 answer = service.board.wait(key, "fresh", service.wait_timeout)
                 return f"{answer.epoch},".encode() + answer.assignment.horovod_response()

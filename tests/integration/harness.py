@@ -24,6 +24,7 @@ ELASTIC_RUN = str(Path(sys.executable).parent / "elastic-run")
 HVD_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_elastic.py")
 EA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_elastic.py")
 KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
+DATA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_data.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
 _LINE = re.compile(
@@ -122,6 +123,7 @@ def start_job(
     *flags: str,
     script: str = HVD_SCRIPT,
     script_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Job:
     job_id = fresh_job_id("it")
     command = [
@@ -136,7 +138,7 @@ def start_job(
         script,
         *script_args,
     ]
-    return watch_process(command, etcd, job_id)
+    return watch_process(command, etcd, job_id, env)
 
 
 def join_job(etcd: EmbeddedEtcd, job: Job, *flags: str) -> Job:
@@ -145,10 +147,13 @@ def join_job(etcd: EmbeddedEtcd, job: Job, *flags: str) -> Job:
     return watch_process(command, etcd, job.job_id)
 
 
-def watch_process(command: list[str], etcd: EmbeddedEtcd, job_id: str) -> Job:
+def watch_process(
+    command: list[str], etcd: EmbeddedEtcd, job_id: str, env: dict[str, str] | None = None
+) -> Job:
     proc = subprocess.Popen(
         command,
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -162,6 +167,19 @@ def watch_process(command: list[str], etcd: EmbeddedEtcd, job_id: str) -> Job:
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [ELASTIC_RUN, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def run_cli_module(
+    module: str, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 

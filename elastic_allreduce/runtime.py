@@ -1,0 +1,40 @@
+"""What a training process knows about its place in the job: slot and current ring epoch."""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+
+from elastic_allreduce import env
+
+_epoch: list[int] = []
+
+
+def slot() -> str | None:
+    """This process's slot id under `elastic-run`, else None."""
+    return os.environ.get(env.SLOT)
+
+
+def ring_epoch() -> int:
+    """The ring epoch this process trains in (0 outside `elastic-run`)."""
+    if not _epoch:
+        _epoch.append(int(os.environ.get(env.RING_EPOCH, "0")))
+    return _epoch[0]
+
+
+def refresh_ring_epoch() -> int:
+    """Ask the launcher which epoch this process was admitted to (after a reset)."""
+    address = os.environ.get(env.HOROVOD_RENDEZVOUS_ADDR)
+    port = os.environ.get(env.HOROVOD_RENDEZVOUS_PORT)
+    current = slot()
+    if not (address and port and current):
+        return ring_epoch()
+    url = f"http://{address}:{port}/elastic_epoch/{current}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            epoch = int(reply.read().decode())
+    except (OSError, ValueError, urllib.error.URLError):
+        return ring_epoch()
+    _epoch[:] = [epoch]
+    return epoch
