@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (
     DATA_SCRIPT,
     EA_SCRIPT,
+    FIXED_BATCH_SCRIPT,
     HVD_SCRIPT,
     KERAS_SCRIPT,
     SCRIPTS,
@@ -36,6 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 STEPS = 300
 COMMIT_EVERY = 5
 TRAIN = ("--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-delay", "0.03")
+FIXED_ARGS = ("--steps", "20", "--global-batch", "24", "--step-delay", "0.15")
 
 
 @pytest.fixture
@@ -397,3 +400,32 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
             record = json.loads(line)
             rings.setdefault((record["epoch"], record["step"]), set()).add(record["ring"])
     assert any(len(r) > 1 for r in rings.values()), "no step was re-run after the kill"
+
+
+def test_a_fixed_global_batch_matches_the_single_process_loss_at_any_size(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    def final(*flags: str, kill_at: int | None = None) -> dict[str, Any]:
+        job = start_job(etcd_server, *flags, script=FIXED_BATCH_SCRIPT, script_args=FIXED_ARGS)
+        jobs.append(job)
+        if kill_at is not None:
+            job.wait_for(
+                lambda: len(job.commits(3)) >= 3 * kill_at, 90, f"step {kill_at} at size 3"
+            )
+            os.kill(job.pid(f"procs/{slot_of_rank(job, 1, 3)}"), signal.SIGKILL)
+        assert job.finish() == 0, job.tail()
+        if kill_at is not None:
+            assert job.commits(2), "the job did not continue at size 2"
+        results = {json.dumps(e.data["weights"]): e.data for e in job.done()}
+        assert len(results) == 1, results  # every rank holds the same weights
+        return next(iter(results.values()))
+
+    single = final("--workers", "1")
+    for flags, kill_at in [
+        (("--workers", "2"), None),
+        (("--workers", "3"), None),
+        (("--workers", "3", "--max-restarts", "0"), 8),
+    ]:
+        result = final(*flags, kill_at=kill_at)
+        assert result["loss"] == pytest.approx(single["loss"], rel=1e-5), (flags, kill_at)
+        assert result["weights"] == pytest.approx(single["weights"], rel=1e-5, abs=1e-6)
