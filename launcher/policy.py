@@ -493,7 +493,8 @@ class RingPolicy:
 
     def _check_min_wait(self, view: JobView, ready: int) -> list[Decision]:
         """Wait while enough processes are alive (starting up); fail after the wait timeout."""
-        if self._alive_nodes(view) >= self.settings.min_workers:
+        starting = self.ring is None and view.now - self.started_at < self.settings.start_grace
+        if starting or self._alive_nodes(view) >= self.settings.min_workers:
             self.below_min_since = None
             return []
         alive = ready
