@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup lint test bench-store bench-core clean
+.PHONY: setup lint test demo bench-store bench-core clean
 
 setup: $(STAMP)
 
@@ -30,3 +30,8 @@ clean:
 # Elastic core vs horovodrun: recovery after SIGKILL and steady throughput (about 10 minutes).
 bench-core: setup
 	$(BIN)/python bench/core_bench.py
+
+# The CNN digits example under elastic-run: 2 workers, a third joins, one is killed; then the
+# final accuracy and the sample audit's verdict (about 1-2 minutes after set-up).
+demo: setup
+	$(BIN)/python examples/demo.py

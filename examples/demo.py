@@ -1,0 +1,157 @@
+"""`make demo`: the CNN digits example under `elastic-run --standalone`, with a join and a kill.
+
+It starts the job with 2 workers, adds a third with `elastic-run join` after two epochs, kills
+one training process (SIGKILL) a little later, and lets the job finish. It shows the job's own
+output (every line names job, ring epoch, rank and slot), then the final accuracy and the
+verdict of the sample audit: every digit used exactly once per epoch despite the changes.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+EPOCHS = 12
+_EPOCH_LINE = re.compile(r"^\[(\S+) e\d+ r0 \S+\] (\{.*\})$")
+
+
+def banner(text: str) -> None:
+    print(f"\n=== demo: {text}", flush=True)
+
+
+class Output(list[str]):
+    """Every line the job and the joiner printed, with a condition to wait for new ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = threading.Condition()
+
+    def follow(self, proc: subprocess.Popen[str]) -> threading.Thread:
+        def pump() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                print(raw, end="", flush=True)
+                with self.arrived:
+                    self.append(raw.rstrip("\n"))
+                    self.arrived.notify_all()
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        return thread
+
+    def wait_for(self, predicate, timeout: float, what: str, proc: subprocess.Popen[str]) -> str:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.arrived:
+            while True:
+                for line in self[seen:]:
+                    if predicate(line):
+                        return line
+                seen = len(self)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or proc.poll() is not None:
+                    raise SystemExit(f"demo: gave up waiting for {what}")
+                self.arrived.wait(min(remaining, 1.0))
+
+
+def epoch_report(line: str, size: int | None = None, at_least: int = 0) -> bool:
+    match = _EPOCH_LINE.match(line)
+    if not match:
+        return False
+    report = json.loads(match.group(2))
+    return report.get("epoch", -1) >= at_least and (size is None or report.get("ranks") == size)
+
+
+def main() -> int:
+    audit = Path(tempfile.mkdtemp(prefix="elastic-allreduce-demo-audit-"))
+    env = {**os.environ, "ELASTIC_ALLREDUCE_SAMPLE_LOG": str(audit)}
+    command = [
+        str(BIN / "elastic-run"),
+        *("--standalone", "--workers", "2", "--max-workers", "3", "--max-restarts", "0"),
+        *("--", "python", str(ROOT / "examples" / "cnn_digits.py"), "--epochs", str(EPOCHS)),
+    ]
+    banner("starting 2 workers: " + " ".join(command[1:]))
+    started = time.monotonic()
+    lines = Output()
+    job = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    reader = lines.follow(job)
+    first = lines.wait_for(lambda s: s.startswith("elastic-run: job "), 60, "the job to start", job)
+    job_id, etcd = first.split()[2], first.split()[-1]
+    joiner = None
+    try:
+        lines.wait_for(lambda s: epoch_report(s, size=2, at_least=2), 120, "two epochs", job)
+        banner("a third worker joins: elastic-run join")
+        joiner = subprocess.Popen(
+            [str(BIN / "elastic-run"), "join", "--etcd", etcd, "--job-id", job_id],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        lines.follow(joiner)
+        lines.wait_for(lambda s: epoch_report(s, size=3), 120, "training at 3 ranks", job)
+        victim = _victim(etcd, job_id)
+        banner(f"killing training process of slot {victim[0]} (pid {victim[1]}) with SIGKILL")
+        os.kill(victim[1], signal.SIGKILL)
+        code = job.wait(timeout=300)
+        joiner.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        for proc in (job, joiner):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+    banner(f"job exit code {code} after {time.monotonic() - started:.0f} s")
+    accuracy = next((s for s in reversed(lines) if "final test accuracy:" in s), "no accuracy: 0")
+    print(accuracy.split("] ", 1)[-1])
+    for line in lines:
+        if "launcher]" in line and any(w in line for w in ("joined", "crashed", "running with")):
+            print("  " + line.split("launcher] ", 1)[-1])
+    banner("sample audit: every training digit exactly once per epoch?")
+    from sklearn.datasets import load_digits
+
+    samples = int(0.8 * len(load_digits().images))
+    verdict = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elastic_allreduce.audit",
+            str(audit),
+            "--samples",
+            str(samples),
+            "--epochs",
+            str(EPOCHS),
+        ],
+        check=False,
+        cwd=ROOT,
+    )
+    good = code == 0 and verdict.returncode == 0 and float(accuracy.rsplit(":", 1)[-1]) >= 0.95
+    banner("all good" if good else "something went wrong (see above)")
+    return 0 if good else 1
+
+
+def _victim(etcd: str, job_id: str) -> tuple[str, int]:
+    """A training process that is not rank 0 of the current ring."""
+    from elastic_allreduce.store import EtcdStore
+
+    with EtcdStore(etcd, job_id) as store:
+        ring = store.get("ring")
+        assert ring is not None and isinstance(ring.value, dict)
+        slot = ring.value["slots"][-1]
+        proc = store.get(f"procs/{slot}")
+        assert proc is not None and isinstance(proc.value, dict)
+        return slot, int(proc.value["pid"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
