@@ -40,7 +40,7 @@ else
     say "no cmake on PATH: installing it from PyPI into $VENV"
     "${pip[@]}" install 'cmake>=3.13,<4'
   fi
-  say "building horovod 0.28.1 with Gloo and TensorFlow (about 2 minutes the first time; cached after)"
+  say "installing horovod 0.28.1 with Gloo and TensorFlow (built from source the first time, 2-3 minutes; later from pip's wheel cache)"
   PATH="$PWD/$VENV/bin:$PATH" \
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
