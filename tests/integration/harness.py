@@ -25,7 +25,6 @@ HVD_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_elastic.py")
 EA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_elastic.py")
 KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
 DATA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_data.py")
-FIXED_BATCH_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_fixed_batch.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
 _LINE = re.compile(

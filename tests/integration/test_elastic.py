@@ -20,7 +20,6 @@ from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (
     DATA_SCRIPT,
     EA_SCRIPT,
-    FIXED_BATCH_SCRIPT,
     HVD_SCRIPT,
     KERAS_SCRIPT,
     SCRIPTS,
@@ -38,7 +37,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 STEPS = 300
 COMMIT_EVERY = 5
 TRAIN = ("--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-delay", "0.03")
-FIXED_ARGS = ("--steps", "20", "--global-batch", "24", "--step-delay", "0.15")
+FIXED_ARGS = (
+    *("--samples", "240", "--epochs", "99", "--steps", "20", "--global-batch", "24"),
+    *("--commit-every", "1", "--step-delay", "0.15"),
+)
 
 
 @pytest.fixture
@@ -406,7 +408,7 @@ def test_a_fixed_global_batch_matches_the_single_process_loss_at_any_size(
     etcd_server: EmbeddedEtcd, jobs: list[Job]
 ) -> None:
     def final(*flags: str, kill_at: int | None = None) -> dict[str, Any]:
-        job = start_job(etcd_server, *flags, script=FIXED_BATCH_SCRIPT, script_args=FIXED_ARGS)
+        job = start_job(etcd_server, *flags, script=DATA_SCRIPT, script_args=FIXED_ARGS)
         jobs.append(job)
         if kill_at is not None:
             job.wait_for(
