@@ -125,6 +125,11 @@ class Launcher:
                     f"job {self.settings.job_id!r} already {phase} at {self.store.describe()}; "
                     "choose a new --job-id"
                 )
+            raise ConfigError(
+                f"job {self.settings.job_id!r} at {self.store.describe()} was started by a "
+                "launcher that is gone; taking over a job is not supported yet: choose a new "
+                "--job-id (the old keys stay for inspection with `elastic-run keys`)"
+            )
         config = self.settings.job.to_json()
         assert isinstance(config, dict)
         config["command"] = list(self.settings.command)

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from elastic_allreduce.store import EmbeddedEtcd
+from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
+from tests.conftest import fresh_job_id
 from tests.integration.harness import (
     DATA_SCRIPT,
     EA_SCRIPT,
@@ -431,3 +432,15 @@ def test_a_fixed_global_batch_matches_the_single_process_loss_at_any_size(
         result = final(*flags, kill_at=kill_at)
         assert result["loss"] == pytest.approx(single["loss"], rel=1e-5), (flags, kill_at)
         assert result["weights"] == pytest.approx(single["weights"], rel=1e-5, abs=1e-6)
+
+
+def test_a_job_left_by_a_dead_launcher_is_not_silently_restarted(etcd_server: EmbeddedEtcd) -> None:
+    job_id = fresh_job_id("orphan")
+    with EtcdStore(etcd_server.endpoints_text, job_id) as store:
+        store.put("config/job", {"min_workers": 1})
+        store.put("status/job", {"phase": "running"})
+    result = run_cli(
+        *("--etcd", etcd_server.endpoints_text, "--job-id", job_id, "--", "python", HVD_SCRIPT)
+    )
+    assert result.returncode == 2
+    assert "was started by a launcher that is gone" in result.stderr
