@@ -20,6 +20,7 @@ _WORKER_NAMES = frozenset(
         "DistributedGradientTape",
         "DistributedOptimizer",
         "ElasticData",
+        "ScaleLearningRate",
         "State",
         "UpdateBatchStateCallback",
         "UpdateEpochStateCallback",

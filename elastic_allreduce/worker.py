@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,11 +149,26 @@ class ElasticData:
         state.position = 0
 
 
+class ScaleLearningRate:
+    """Resize policy: learning rate = ``base_lr`` x ranks (Horovod's convention when each rank
+    keeps its batch size, so the global batch grows with the ranks)."""
+
+    def __init__(self, optimizer: tf.keras.optimizers.Optimizer, base_lr: float) -> None:
+        self._optimizer = optimizer
+        self._base_lr = base_lr
+
+    def __call__(self, old_size: int, new_size: int) -> None:
+        self._optimizer.learning_rate.assign(self._base_lr * new_size)
+
+
 class State(TensorFlowKerasState):  # type: ignore[misc]
     """Elastic training state of a Keras model and optimizer (see the module docstring).
 
     Extra keyword arguments become attributes that are committed, restored and synced with the
     model (for example ``step=0, epoch=0``); checkpoints need them to be JSON values.
+    ``on_resize(old_size, new_size)`` is the job's resize policy beyond the batch (for example
+    :class:`ScaleLearningRate`); it runs at start (old size 0) and after every reset that changed
+    the number of ranks, on every rank.
     """
 
     _saved_state: dict[str, Any]
@@ -166,6 +181,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         *,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 10,
+        on_resize: Callable[[int, int], None] | None = None,
         **kwargs: object,
     ) -> None:
         if checkpoint_every < 1:
@@ -177,6 +193,10 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         super().__init__(model, optimizer, commit_id=0, **kwargs)
         if self._checkpoint_dir is not None:
             self._load_checkpoint(self._checkpoint_dir)
+        self._on_resize = on_resize
+        self._size = hvd.size()
+        if on_resize is not None:
+            on_resize(0, self._size)
 
     # -- commit / sync -----------------------------------------------------------------------
 
@@ -194,6 +214,10 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         """After Horovod re-initialised: learn the new ring epoch, then run reset callbacks."""
         runtime.refresh_ring_epoch()
         super().on_reset()
+        size = hvd.size()
+        if self._on_resize is not None and size != self._size:
+            self._on_resize(self._size, size)
+        self._size = size
 
     def sync(self) -> None:
         """Give every rank the newest committed state (from the lowest rank that has it)."""
@@ -283,6 +307,7 @@ __all__ = [
     "DistributedGradientTape",
     "DistributedOptimizer",
     "ElasticData",
+    "ScaleLearningRate",
     "State",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",

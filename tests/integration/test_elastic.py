@@ -379,7 +379,7 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
         etcd_server,
         *("--workers", "3", "--max-restarts", "1"),
         script=DATA_SCRIPT,
-        script_args=("--samples", "900", "--epochs", "2", "--batch-per-rank", "4"),
+        script_args=("--samples", "900", "--epochs", "2", "--batch-per-rank", "4", "--scale-lr"),
         env={"ELASTIC_ALLREDUCE_SAMPLE_LOG": str(audit)},
     )
     jobs.append(job)
@@ -391,6 +391,10 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
     assert job.finish() == 0, job.tail()
     sizes = {e.data["size"] for e in job.commits()}
     assert {2, 3} <= sizes, sizes
+    # The linear learning-rate policy followed every resize (0.05 x ranks).
+    assert {(e.data["size"], e.data["lr"]) for e in job.commits()} == {
+        (size, round(0.05 * size, 6)) for size in sizes
+    }
     verdict = run_cli_module(
         "elastic_allreduce.audit", str(audit), "--samples", "900", "--epochs", "2"
     )

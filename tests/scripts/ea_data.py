@@ -24,6 +24,7 @@ parser.add_argument("--batch-per-rank", type=int, default=4)
 parser.add_argument("--global-batch", type=int, default=None)
 parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--step-delay", type=float, default=0.03)
+parser.add_argument("--scale-lr", action="store_true", help="learning rate 0.05 x ranks")
 args = parser.parse_args()
 
 ea.init()
@@ -53,7 +54,8 @@ def finished(state) -> bool:
     return state.epoch >= args.epochs or (args.steps is not None and state.step >= args.steps)
 
 
-state = ea.State(model, optimizer, epoch=0, position=0, step=0)
+resize = ea.ScaleLearningRate(optimizer, 0.05) if args.scale_lr else None
+state = ea.State(model, optimizer, on_resize=resize, epoch=0, position=0, step=0)
 
 
 @ea.run
@@ -65,12 +67,9 @@ def train(state):
             time.sleep(args.step_delay)
             if state.step % args.commit_every == 0 or finished(state):
                 state.commit()
-                record = {
-                    "event": "commit",
-                    "step": state.step,
-                    "size": ea.size(),
-                    "rank": ea.rank(),
-                }
+                record = {"event": "commit", "step": state.step, "size": ea.size()}
+                record["rank"] = ea.rank()
+                record["lr"] = round(float(optimizer.learning_rate.numpy()), 6)
                 print(json.dumps(record), flush=True)
             if finished(state):
                 return
