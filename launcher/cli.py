@@ -356,9 +356,7 @@ def _run_job(args: argparse.Namespace) -> int:
             checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
         )
         launcher = Launcher(
-            LaunchSettings(
-                etcd, job_id, workers, settings, tuple(command), template.checkpoint_dir
-            ),
+            LaunchSettings(workers, settings, template),
             LocalProvisioner(template),
         )
         result = launcher.run()

@@ -17,6 +17,7 @@ from elastic_allreduce.errors import ConfigError, StoreError
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from elastic_allreduce.store.codec import as_int
+from launcher.agent import AgentSettings
 from launcher.policy import (
     Decision,
     Exit,
@@ -42,16 +43,20 @@ log = logging.getLogger("elastic-run")
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """One job as the user launched it."""
+    """One job as the user launched it; ``node`` is what every worker node is started with."""
 
-    etcd: str
-    job_id: str
     workers: int
     job: JobSettings
-    command: tuple[str, ...]
-    checkpoint_dir: str | None = None
-    host: str = "127.0.0.1"
+    node: AgentSettings
     lease_ttl: int = 3
+
+    @property
+    def etcd(self) -> str:
+        return self.node.etcd
+
+    @property
+    def job_id(self) -> str:
+        return self.node.job_id
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class Launcher:
             self._become_leader(lease)
             self._write_config()
             port = self.rendezvous.start()
-            rendezvous = f"{self.settings.host}:{port}"
+            rendezvous = f"{self.settings.node.host}:{port}"
             self.store.put("launcher/leader", {"rendezvous": rendezvous}, lease=lease)
             self.store.put("status/job", {"phase": "running"})
             policy = RingPolicy(
@@ -132,8 +137,8 @@ class Launcher:
             )
         config = self.settings.job.to_json()
         assert isinstance(config, dict)
-        config["command"] = list(self.settings.command)
-        config["checkpoint_dir"] = self.settings.checkpoint_dir
+        config["command"] = list(self.settings.node.command)
+        config["checkpoint_dir"] = self.settings.node.checkpoint_dir
         self.store.put("config/job", config)
 
     def _loop(self, policy: RingPolicy) -> JobResult:
