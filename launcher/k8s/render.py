@@ -1,0 +1,628 @@
+"""The Kubernetes objects of one elastic job, as plain dicts (pure: no cluster, no I/O).
+
+``render(JobSpec(...))`` returns, in the order they should be applied:
+
+- optionally the ``PriorityClass`` for preemptible training (cluster-scoped, so only with
+  ``with_priority_class``: creating it needs cluster rights that a job's submitter often lacks);
+- optionally a namespace's etcd (``with_etcd``): peer and client Services, a StatefulSet and the
+  NetworkPolicy that lets only elastic-allreduce pods reach it. It carries no job label: jobs of
+  one namespace share it, and deleting a job leaves it;
+- the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete and events
+  create, nothing else), the worker pod template in a ConfigMap, the job's NetworkPolicies and
+  the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
+
+The kustomize base in ``k8s/base`` holds the same objects for the default job
+(``tests/k8s/test_manifests.py`` checks that they are equal).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import yaml
+
+from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.store.api import validate_job_id
+
+Manifest = dict[str, Any]
+
+#: Labels every object of a job carries; pods carry ROLE_LABEL too.
+NAME_LABEL: Final = "app.kubernetes.io/name"
+APP_NAME: Final = "elastic-allreduce"
+JOB_LABEL: Final = "elastic-allreduce/job"
+ROLE_LABEL: Final = "elastic-allreduce/role"
+
+#: Where the launcher pod finds the worker pod template (the ConfigMap is mounted there).
+TEMPLATE_DIR: Final = "/etc/elastic-allreduce"
+TEMPLATE_KEY: Final = "worker-pod.yaml"
+
+#: The PriorityClass of preemptible training pods. Its value is below the default priority (0),
+#: so that other pods preempt training first, and not below the cluster autoscaler's default
+#: cut-off for "expendable" pods (-10), so that pending workers still make it add nodes.
+PRIORITY_CLASS: Final = "elastic-allreduce-preemptible"
+PRIORITY_VALUE: Final = -5
+
+#: The namespace's etcd (k8s/base and ``with_etcd``).
+ETCD_NAME: Final = "elastic-allreduce-etcd"
+ETCD_PEER_SERVICE: Final = "elastic-allreduce-etcd-peer"
+ETCD_IMAGE: Final = "gcr.io/etcd-development/etcd:v3.5.21"
+ETCD_CLIENT_PORT: Final = 2379
+ETCD_PEER_PORT: Final = 2380
+ETCD_LABELS: Final = {NAME_LABEL: "etcd", "app.kubernetes.io/part-of": APP_NAME}
+
+#: Defaults of the kustomize base (the default job).
+DEFAULT_NAMESPACE: Final = "elastic-allreduce"
+DEFAULT_JOB_ID: Final = "elastic-job"
+
+#: Environment variables the launcher pod gets from the downward API, and the worker's Gloo
+#: interface (the pod network's interface in every common CNI).
+POD_ENV: Final = (
+    ("ELASTIC_ALLREDUCE_POD_NAME", "metadata.name"),
+    ("ELASTIC_ALLREDUCE_POD_UID", "metadata.uid"),
+    ("ELASTIC_ALLREDUCE_POD_IP", "status.podIP"),
+    ("ELASTIC_ALLREDUCE_NAMESPACE", "metadata.namespace"),
+)
+NAMESPACE_ENV: Final = "ELASTIC_ALLREDUCE_NAMESPACE"
+GLOO_IFACE_ENV: Final = "ELASTIC_ALLREDUCE_GLOO_IFACE"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration: ``key`` with ``value`` (operator Equal) or without (Exists)."""
+
+    key: str
+    effect: str = "NoSchedule"
+    value: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Toleration:
+        """``KEY[=VALUE][:EFFECT]`` (effect NoSchedule by default); ConfigError if malformed."""
+        rest, _, effect = text.partition(":")
+        key, has_value, value = rest.partition("=")
+        toleration = cls(key, effect or "NoSchedule", value if has_value else None)
+        if not _LABEL_KEY.match(key) or effect not in ("", *_EFFECTS):
+            raise ConfigError(
+                f"invalid --toleration {text!r}: use KEY[=VALUE][:EFFECT] with EFFECT one of "
+                f"{', '.join(_EFFECTS)} (for example nvidia.com/gpu:NoSchedule)"
+            )
+        return toleration
+
+    def manifest(self) -> Manifest:
+        result: Manifest = {"key": self.key}
+        if self.value is None:
+            result["operator"] = "Exists"
+        else:
+            result["operator"] = "Equal"
+            result["value"] = self.value
+        result["effect"] = self.effect
+        return result
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What ``elastic-run k8s render`` turns into manifests; :meth:`validate` checks it."""
+
+    image: str
+    command: tuple[str, ...]
+    namespace: str = DEFAULT_NAMESPACE
+    job_id: str = DEFAULT_JOB_ID
+    workers: int = 2
+    min_workers: int = 1
+    max_workers: int | None = None  # default: workers
+    nproc_per_node: int | None = None  # default: gpus_per_worker, or 1 without GPUs
+    gpus_per_worker: int = 0
+    cpu: str = "1"
+    memory: str = "2Gi"
+    etcd: str | None = None  # default: the namespace's etcd Service
+    with_etcd: bool = False
+    etcd_replicas: int = 3
+    priority_class: str | None = PRIORITY_CLASS
+    with_priority_class: bool = False
+    network_policy: bool = True
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+
+    @property
+    def max_nodes(self) -> int:
+        return self.workers if self.max_workers is None else self.max_workers
+
+    @property
+    def nproc(self) -> int:
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return max(1, self.gpus_per_worker)
+
+    @property
+    def etcd_endpoints(self) -> str:
+        return self.etcd or f"{ETCD_NAME}:{ETCD_CLIENT_PORT}"
+
+    def validate(self) -> JobSpec:
+        """Return self if every field is usable, else raise ConfigError naming the flag."""
+        validate_job_id(self.job_id)
+        if not _DNS_LABEL.match(self.namespace):
+            raise ConfigError(
+                f"invalid --namespace {self.namespace!r}: use at most 63 lowercase letters, "
+                "digits and '-', starting and ending with a letter or digit"
+            )
+        if not self.image or any(ch.isspace() for ch in self.image):
+            raise ConfigError(
+                f"invalid --image {self.image!r}: give an image reference such as "
+                "registry.example.com/elastic-allreduce:0.1.0"
+            )
+        if not self.command:
+            raise ConfigError(
+                "no training command: give it after `--`, e.g. "
+                "`-- python /opt/elastic-allreduce/examples/cnn_digits.py`"
+            )
+        if self.workers < 1 or self.min_workers < 1:
+            raise ConfigError(
+                f"--workers ({self.workers}) and --min-workers ({self.min_workers}) must be at "
+                "least 1"
+            )
+        if not self.min_workers <= self.workers <= self.max_nodes:
+            raise ConfigError(
+                "need --min-workers <= --workers <= --max-workers, got "
+                f"{self.min_workers} <= {self.workers} <= {self.max_nodes}"
+            )
+        if self.gpus_per_worker < 0:
+            raise ConfigError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_worker}")
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc}")
+        if self.gpus_per_worker and self.nproc > self.gpus_per_worker:
+            raise ConfigError(
+                f"--nproc-per-node {self.nproc} needs as many GPUs per worker, but "
+                f"--gpus-per-worker is {self.gpus_per_worker}: each training process has a GPU "
+                "of its own"
+            )
+        for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if not _QUANTITY.match(quantity):
+                raise ConfigError(
+                    f"invalid {flag} {quantity!r}: use a Kubernetes quantity such as 500m, 2, "
+                    "512Mi or 4Gi"
+                )
+        if self.with_etcd and self.etcd is not None:
+            raise ConfigError("--with-etcd deploys the namespace's etcd: do not pass --etcd too")
+        if self.etcd_replicas not in (1, 3, 5):
+            raise ConfigError(
+                f"--etcd-replicas must be 1, 3 or 5 (an odd quorum), got {self.etcd_replicas}"
+            )
+        if self.with_priority_class and self.priority_class != PRIORITY_CLASS:
+            raise ConfigError(
+                f"--with-priority-class creates {PRIORITY_CLASS!r}; it cannot be combined with "
+                f"--priority-class {self.priority_class!r}"
+            )
+        if self.priority_class is not None and not _DNS_LABEL.match(self.priority_class):
+            raise ConfigError(f"invalid --priority-class {self.priority_class!r}")
+        for key, value in self.node_selector.items():
+            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+                raise ConfigError(
+                    f"invalid --node-selector {key}={value}: use KEY=VALUE with a label key "
+                    "and value (for example cloud.google.com/gke-accelerator=nvidia-l4)"
+                )
+        return self
+
+
+def job_labels(job_id: str) -> dict[str, str]:
+    """The labels of every object of a job (``delete`` and ``status`` select by JOB_LABEL)."""
+    return {NAME_LABEL: APP_NAME, JOB_LABEL: job_id}
+
+
+def job_selector(job_id: str) -> str:
+    """The label selector of a job's objects, for list and delete calls."""
+    return f"{JOB_LABEL}={job_id}"
+
+
+def launcher_name(job_id: str) -> str:
+    """Name of the launcher's Job, ServiceAccount, Role and RoleBinding."""
+    return f"{job_id}-launcher"
+
+
+def template_name(job_id: str) -> str:
+    """Name of the ConfigMap holding the worker pod template."""
+    return f"{job_id}-worker-template"
+
+
+def _pod_security() -> Manifest:
+    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _container_security() -> Manifest:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def worker_pod(spec: JobSpec) -> Manifest:
+    """The worker pod template: the provisioner adds the name, the etcd, job, node and host
+    variables, and creates one such pod per worker node."""
+    limits: dict[str, str | int] = {"memory": spec.memory}
+    if spec.gpus_per_worker:
+        limits[GPU_RESOURCE] = spec.gpus_per_worker
+    pod_spec: Manifest = {
+        "restartPolicy": "Never",
+        # The agent's graceful leave (SIGTERM: leave the ring at the next commit) takes up to 60 s.
+        "terminationGracePeriodSeconds": 90,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "containers": [
+            {
+                "name": "worker",
+                "image": spec.image,
+                "command": ["elastic-run", "join"],
+                "env": [{"name": GLOO_IFACE_ENV, "value": "eth0"}],
+                "resources": {
+                    "requests": {"cpu": spec.cpu, "memory": spec.memory},
+                    "limits": limits,
+                },
+                "securityContext": _container_security(),
+                # NCCL and TensorFlow need more shared memory than a container's default 64 MiB.
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            }
+        ],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if spec.priority_class is not None:
+        pod_spec["priorityClassName"] = spec.priority_class
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    tolerations = list(spec.tolerations)
+    if spec.gpus_per_worker and not any(t.key == GPU_RESOURCE for t in tolerations):
+        # GPU node pools are commonly tainted nvidia.com/gpu:NoSchedule; harmless where not.
+        tolerations.append(Toleration(GPU_RESOURCE))
+    if tolerations:
+        pod_spec["tolerations"] = [t.manifest() for t in tolerations]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"labels": {**job_labels(spec.job_id), ROLE_LABEL: "worker"}},
+        "spec": pod_spec,
+    }
+
+
+def launcher_args(spec: JobSpec) -> list[str]:
+    """Arguments of ``elastic-run`` in the launcher pod (Kubernetes expands ``$(VAR)``)."""
+    return [
+        "run",
+        "--kubernetes",
+        "--worker-template",
+        f"{TEMPLATE_DIR}/{TEMPLATE_KEY}",
+        "--namespace",
+        f"$({NAMESPACE_ENV})",
+        "--etcd",
+        spec.etcd_endpoints,
+        "--job-id",
+        spec.job_id,
+        "--workers",
+        str(spec.workers),
+        "--min-workers",
+        str(spec.min_workers),
+        "--max-workers",
+        str(spec.max_nodes),
+        "--nproc-per-node",
+        str(spec.nproc),
+        "--",
+        *spec.command,
+    ]
+
+
+def _launcher_job(spec: JobSpec) -> Manifest:
+    name = launcher_name(spec.job_id)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": job_labels(spec.job_id)},
+        "spec": {
+            # A launcher that dies does not yet take over its running job (docs/architecture.md):
+            # a second pod would be refused, so the Job does not retry.
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {**job_labels(spec.job_id), ROLE_LABEL: "launcher"}},
+                "spec": {
+                    "serviceAccountName": name,
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 90,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "containers": [
+                        {
+                            "name": "launcher",
+                            "image": spec.image,
+                            "command": ["elastic-run"],
+                            "args": launcher_args(spec),
+                            "env": [
+                                {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                                for env, path in POD_ENV
+                            ],
+                            "resources": {
+                                "requests": {"cpu": "250m", "memory": "512Mi"},
+                                "limits": {"memory": "1Gi"},
+                            },
+                            "securityContext": _container_security(),
+                            "volumeMounts": [
+                                {
+                                    "name": "worker-template",
+                                    "mountPath": TEMPLATE_DIR,
+                                    "readOnly": True,
+                                }
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {
+                            "name": "worker-template",
+                            "configMap": {"name": template_name(spec.job_id)},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _rbac(spec: JobSpec) -> list[Manifest]:
+    name = launcher_name(spec.job_id)
+    labels = job_labels(spec.job_id)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": name, "labels": labels},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "labels": labels},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["create", "delete", "get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}],
+        },
+    ]
+
+
+def _template_config_map(spec: JobSpec) -> Manifest:
+    text = yaml.safe_dump(worker_pod(spec), sort_keys=False, default_flow_style=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": template_name(spec.job_id), "labels": job_labels(spec.job_id)},
+        "data": {TEMPLATE_KEY: text},
+    }
+
+
+def _network_policies(spec: JobSpec) -> list[Manifest]:
+    labels = job_labels(spec.job_id)
+    same_job = {"podSelector": {"matchLabels": {JOB_LABEL: spec.job_id}}}
+    dns_ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    return [
+        {
+            # Workers reach the launcher's rendezvous and each other (Gloo, NCCL) on random
+            # ports; everything else is closed in both directions except etcd and DNS.
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": spec.job_id, "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": {JOB_LABEL: spec.job_id}},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": [same_job]}],
+                "egress": [
+                    {"to": [same_job]},
+                    {
+                        "to": [{"podSelector": {"matchLabels": dict(ETCD_LABELS)}}],
+                        "ports": [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}],
+                    },
+                    {"ports": dns_ports},
+                ],
+            },
+        },
+        {
+            # The launcher talks to the Kubernetes API, whose address depends on the cluster.
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": f"{spec.job_id}-launcher-api", "labels": labels},
+            "spec": {
+                "podSelector": {
+                    "matchLabels": {JOB_LABEL: spec.job_id, ROLE_LABEL: "launcher"}
+                },
+                "policyTypes": ["Egress"],
+                "egress": [
+                    {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
+                ],
+            },
+        },
+    ]
+
+
+def priority_class() -> Manifest:
+    """The cluster-scoped PriorityClass of preemptible training pods."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": {NAME_LABEL: APP_NAME}},
+        "value": PRIORITY_VALUE,
+        "globalDefault": False,
+        # Training never evicts other pods to get a node; other pods may evict training pods,
+        # which leave the ring gracefully (SIGTERM) and the job continues with fewer workers.
+        "preemptionPolicy": "Never",
+        "description": "Elastic training workers: preemptible, they never preempt others.",
+    }
+
+
+def etcd(replicas: int = 3, image: str = ETCD_IMAGE) -> list[Manifest]:
+    """A namespace's etcd: headless peer Service, client Service, StatefulSet, NetworkPolicy."""
+    peers = ",".join(
+        f"{ETCD_NAME}-{i}=http://{ETCD_NAME}-{i}.{ETCD_PEER_SERVICE}.$(POD_NAMESPACE).svc:"
+        f"{ETCD_PEER_PORT}"
+        for i in range(replicas)
+    )
+    own = f"$(POD_NAME).{ETCD_PEER_SERVICE}.$(POD_NAMESPACE).svc"
+    settings = {
+        "ETCD_NAME": "$(POD_NAME)",
+        "ETCD_DATA_DIR": "/var/lib/etcd/data",
+        "ETCD_LISTEN_CLIENT_URLS": f"http://0.0.0.0:{ETCD_CLIENT_PORT}",
+        "ETCD_LISTEN_PEER_URLS": f"http://0.0.0.0:{ETCD_PEER_PORT}",
+        "ETCD_ADVERTISE_CLIENT_URLS": f"http://{own}:{ETCD_CLIENT_PORT}",
+        "ETCD_INITIAL_ADVERTISE_PEER_URLS": f"http://{own}:{ETCD_PEER_PORT}",
+        "ETCD_INITIAL_CLUSTER": peers,
+        "ETCD_INITIAL_CLUSTER_STATE": "new",
+        "ETCD_INITIAL_CLUSTER_TOKEN": ETCD_NAME,
+        "ETCD_AUTO_COMPACTION_MODE": "periodic",
+        "ETCD_AUTO_COMPACTION_RETENTION": "1h",
+    }
+    ports = [
+        {"name": "client", "port": ETCD_CLIENT_PORT, "targetPort": "client"},
+        {"name": "peer", "port": ETCD_PEER_PORT, "targetPort": "peer"},
+    ]
+    labels = dict(ETCD_LABELS)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": ETCD_PEER_SERVICE, "labels": labels},
+            "spec": {
+                "clusterIP": "None",
+                # Members must find each other by DNS before any of them is ready (quorum).
+                "publishNotReadyAddresses": True,
+                "selector": labels,
+                "ports": ports,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": ETCD_NAME, "labels": labels},
+            "spec": {"selector": labels, "ports": ports[:1]},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": ETCD_NAME, "labels": labels},
+            "spec": {
+                "serviceName": ETCD_PEER_SERVICE,
+                "replicas": replicas,
+                # All members start together: none can become ready without a quorum.
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "enableServiceLinks": False,
+                        "securityContext": {
+                            **_pod_security(),
+                            "runAsUser": 65534,
+                            "runAsGroup": 65534,
+                            "fsGroup": 65534,
+                        },
+                        "containers": [
+                            {
+                                "name": "etcd",
+                                "image": image,
+                                "command": ["/usr/local/bin/etcd"],
+                                "env": [
+                                    {
+                                        "name": "POD_NAME",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                    },
+                                    {
+                                        "name": "POD_NAMESPACE",
+                                        "valueFrom": {
+                                            "fieldRef": {"fieldPath": "metadata.namespace"}
+                                        },
+                                    },
+                                    *({"name": k, "value": v} for k, v in settings.items()),
+                                ],
+                                "ports": [
+                                    {"name": "client", "containerPort": ETCD_CLIENT_PORT},
+                                    {"name": "peer", "containerPort": ETCD_PEER_PORT},
+                                ],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/health", "port": "client"},
+                                    "periodSeconds": 5,
+                                    "failureThreshold": 3,
+                                },
+                                "resources": {
+                                    "requests": {"cpu": "100m", "memory": "256Mi"},
+                                    "limits": {"memory": "512Mi"},
+                                },
+                                "securityContext": _container_security(),
+                                "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                            }
+                        ],
+                    },
+                },
+                "volumeClaimTemplates": [
+                    {
+                        "metadata": {"name": "data"},
+                        "spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "1Gi"}},
+                        },
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": ETCD_NAME, "labels": labels},
+            "spec": {
+                "podSelector": {"matchLabels": labels},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": {NAME_LABEL: APP_NAME}}}],
+                        "ports": [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}],
+                    },
+                    {
+                        "from": [{"podSelector": {"matchLabels": labels}}],
+                        "ports": [
+                            {"protocol": "TCP", "port": ETCD_CLIENT_PORT},
+                            {"protocol": "TCP", "port": ETCD_PEER_PORT},
+                        ],
+                    },
+                ],
+            },
+        },
+    ]
+
+
+def render(spec: JobSpec) -> list[Manifest]:
+    """Every object of the job described by ``spec`` (validated first), in apply order.
+    Namespaced objects carry ``metadata.namespace``."""
+    spec.validate()
+    cluster: list[Manifest] = [priority_class()] if spec.with_priority_class else []
+    namespaced: list[Manifest] = etcd(spec.etcd_replicas) if spec.with_etcd else []
+    namespaced += _rbac(spec)
+    namespaced.append(_template_config_map(spec))
+    if spec.network_policy:
+        namespaced += _network_policies(spec)
+    namespaced.append(_launcher_job(spec))
+    for manifest in namespaced:
+        manifest["metadata"]["namespace"] = spec.namespace
+    return cluster + namespaced
+
+
+def to_yaml(manifests: Sequence[Manifest]) -> str:
+    """A multi-document YAML stream, as ``kubectl apply -f -`` reads it."""
+    return "---\n".join(yaml.safe_dump(m, sort_keys=False) for m in manifests)
