@@ -10,6 +10,22 @@ ETCD_BIN: Final = "ELASTIC_ALLREDUCE_ETCD_BIN"
 ETCD_ENDPOINTS: Final = "ELASTIC_ALLREDUCE_ETCD"
 #: Job id when no --job-id flag is given.
 JOB_ID: Final = "ELASTIC_ALLREDUCE_JOB_ID"
+#: `elastic-run join`: this node's id when no --node-id is given (a worker pod's name).
+NODE_ID: Final = "ELASTIC_ALLREDUCE_NODE_ID"
+#: `elastic-run join`: the address peers reach this node at when no --host is given (pod IP).
+HOST: Final = "ELASTIC_ALLREDUCE_HOST"
+#: `elastic-run join`: the network interface Gloo uses when no --gloo-iface is given.
+GLOO_IFACE: Final = "ELASTIC_ALLREDUCE_GLOO_IFACE"
+#: Kubernetes mode of the launcher: its own pod (owner of the worker pods, target of Events).
+POD_NAME: Final = "ELASTIC_ALLREDUCE_POD_NAME"
+POD_UID: Final = "ELASTIC_ALLREDUCE_POD_UID"
+#: Kubernetes mode of the launcher: its pod IP, where workers reach its rendezvous server.
+POD_IP: Final = "ELASTIC_ALLREDUCE_POD_IP"
+#: Kubernetes mode of the launcher: the namespace of the worker pods when no --namespace.
+NAMESPACE: Final = "ELASTIC_ALLREDUCE_NAMESPACE"
+#: Kubernetes mode of the launcher: the API server URL (instead of in-cluster config or
+#: kubeconfig), for a proxy (`kubectl proxy`) or tests.
+KUBE_API: Final = "ELASTIC_ALLREDUCE_KUBE_API"
 #: The worker slot id ("<node-id>.<index>") of a training process (set by the agent).
 SLOT: Final = "ELASTIC_ALLREDUCE_SLOT"
 #: How many times this slot's process was started (1 for the first; set by the agent).

@@ -43,3 +43,15 @@ class WatchClosedError(StoreError):
 
 class EtcdServerError(StoreError):
     """A private etcd server could not be found, started or stopped."""
+
+
+class ProvisionerError(ElasticAllreduceError):
+    """A provisioner could not start, stop or watch worker nodes."""
+
+
+class KubernetesApiError(ProvisionerError):
+    """The Kubernetes API refused or failed a request (the message names verb, resource, why)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

@@ -111,6 +111,13 @@ class Agent:
         cache = PrefixCache(self.store, self._events)
         try:
             rendezvous = self._wait_for_launcher(cache)
+            if rendezvous is None:
+                log.info(
+                    "[%s node %s] left before the launcher appeared",
+                    settings.job_id,
+                    settings.node_id,
+                )
+                return 0
             for index, incarnation in self._desired.items():
                 self._start(index, incarnation, rendezvous)
             return self._serve(cache, rendezvous)
@@ -122,9 +129,10 @@ class Agent:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._events.put(_LEAVE)
 
-    def _wait_for_launcher(self, cache: PrefixCache) -> str:
+    def _wait_for_launcher(self, cache: PrefixCache) -> str | None:
+        """The rendezvous address, or None if the node was asked to leave first (SIGTERM)."""
         deadline = time.monotonic() + self.settings.start_timeout
-        while True:
+        while not self._leaving:
             leader = cache.get("launcher/leader")
             if leader is not None and leader.malformed is None and isinstance(leader.value, dict):
                 rendezvous = leader.value.get("rendezvous")
@@ -137,6 +145,7 @@ class Agent:
                     f"{self.settings.start_timeout:.0f} s"
                 )
             self._handle(cache, drain(self._events, timeout=min(remaining, 1.0)))
+        return None
 
     # -- the loop ----------------------------------------------------------------------------
 

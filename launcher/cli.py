@@ -19,6 +19,7 @@ from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
 from elastic_allreduce.store.api import validate_job_id
 from launcher.agent import Agent, AgentSettings, python_script_args
+from launcher.k8s import cli as k8s_cli
 from launcher.launcher import Launcher, LaunchSettings
 from launcher.policy import JobSettings
 from launcher.provisioners.local import LocalProvisioner
@@ -129,7 +130,25 @@ def _build_parser() -> argparse.ArgumentParser:
     join.add_argument(
         "--nproc-per-node", type=int, metavar="K", help="processes (default: the job's)"
     )
-    join.add_argument("--node-id", metavar="NAME", help="this node's id (default: a new one)")
+    join.add_argument(
+        "--node-id",
+        default=os.environ.get(env.NODE_ID),
+        metavar="NAME",
+        help=f"this node's id (default: ${env.NODE_ID}, else a new one)",
+    )
+    join.add_argument(
+        "--host",
+        default=os.environ.get(env.HOST) or "127.0.0.1",
+        metavar="ADDRESS",
+        help=f"the address peers reach this node at (default: ${env.HOST}, else 127.0.0.1)",
+    )
+    join.add_argument(
+        "--gloo-iface",
+        default=os.environ.get(env.GLOO_IFACE),
+        metavar="NAME",
+        help=f"network interface for Gloo (default: ${env.GLOO_IFACE}, else lo for a loopback "
+        "--host and eth0 otherwise)",
+    )
 
     scale = commands.add_parser(
         "scale",
@@ -162,6 +181,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_store_flags(keys)
     keys.add_argument("prefix", nargs="?", default="", help="only keys under this prefix")
+    k8s_cli.add_parser(commands, [common])
     return parser
 
 
@@ -223,7 +243,7 @@ def _run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = ("run", "join", "scale", "status", "etcd", "keys")
+_COMMANDS = ("run", "join", "scale", "status", "etcd", "keys", "k8s")
 
 
 def _open_job(args: argparse.Namespace) -> tuple[EtcdStore, dict[str, object]]:
@@ -257,10 +277,17 @@ def _run_join(args: argparse.Namespace) -> int:
             nproc_per_node=nproc,
             command=tuple(str(part) for part in command),
             checkpoint_dir=checkpoint_dir if isinstance(checkpoint_dir, str) else None,
+            host=args.host,
+            gloo_iface=args.gloo_iface or _default_iface(args.host),
         )
     )
     print(f"elastic-run join: node {node_id} joining job {args.job_id}", flush=True)
     return agent.run()
+
+
+def _default_iface(host: str) -> str:
+    """Gloo's interface when none is named: loopback for a loopback host, else eth0 (a pod's)."""
+    return "lo" if host.startswith("127.") or host in ("localhost", "::1") else "eth0"
 
 
 def _run_scale(args: argparse.Namespace) -> int:
@@ -391,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "scale": _run_scale,
             "status": _run_status,
             "keys": _run_keys,
+            "k8s": k8s_cli.run,
         }
         return handlers[args.command](args)
     except ElasticAllreduceError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_allreduce.errors import ConfigError, StoreError
@@ -26,6 +27,7 @@ from launcher.policy import (
     JobView,
     Log,
     Member,
+    MembershipChange,
     NotifyWorkers,
     Proc,
     ReleaseWaiters,
@@ -67,12 +69,23 @@ class JobResult:
     reason: str
 
 
+#: Receives every membership change (joins, leaves, crashes, re-formed epochs) as it happens;
+#: Kubernetes mode records them as Events. Called on the launcher's loop: must not block.
+EventSink = Callable[[MembershipChange], None]
+
+
 class Launcher:
     """Leads one job to its end (see the module docstring)."""
 
-    def __init__(self, settings: LaunchSettings, provisioner: Provisioner) -> None:
+    def __init__(
+        self,
+        settings: LaunchSettings,
+        provisioner: Provisioner,
+        on_event: EventSink | None = None,
+    ) -> None:
         self.settings = settings
         self.provisioner = provisioner
+        self.on_event = on_event
         self.store = EtcdStore(settings.etcd, settings.job_id)
         #: Wakes the control loop: store changes (from the cache) and rendezvous arrivals.
         self._inbox: queue.Queue[object] = queue.Queue()
@@ -94,6 +107,7 @@ class Launcher:
             policy = RingPolicy(
                 self.settings.job, rendezvous, time.monotonic(), self.settings.workers
             )
+            self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
             nodes = self.provisioner.start_nodes(self.settings.workers)
             policy.nodes_started(nodes, time.monotonic())
             self._log(
@@ -200,6 +214,7 @@ class Launcher:
                     )
                 )
         exits.sort(key=lambda item: item[0])
+        nodes = self.provisioner.node_states()
         target = cache.get("config/target")
         scale_target = None
         if target is not None and target.malformed is None and isinstance(target.value, dict):
@@ -212,11 +227,16 @@ class Launcher:
             exits=tuple(e for _, e in exits),
             waiting=self.board.waiting(),
             scale_target=scale_target,
+            pending_nodes=nodes.pending,
+            disrupted_nodes=nodes.disrupted,
         )
 
     def _execute(self, decision: Decision) -> JobResult | None:
         if isinstance(decision, Log):
             self._log(decision.message)
+        elif isinstance(decision, MembershipChange):
+            if self.on_event is not None:
+                self.on_event(decision)
         elif isinstance(decision, WriteRing):
             self._epoch = decision.ring.epoch
             revision = self.store.compare_and_swap(

@@ -189,6 +189,26 @@ class Log:
     message: str
 
 
+class ChangeKind(enum.Enum):
+    """What happened to the ring's membership (the reason of a Kubernetes Event)."""
+
+    JOINED = "Joined"
+    LEFT = "Left"
+    CRASHED = "Crashed"
+    REFORMED = "Reformed"
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """A membership change for observers (Kubernetes Events); ``slots`` in rank order for
+    REFORMED, else the slots concerned (empty for a node lost before it had processes)."""
+
+    kind: ChangeKind
+    epoch: int
+    slots: tuple[str, ...]
+    message: str
+
+
 Decision = (
     WriteRing
     | ReleaseWaiters
@@ -198,6 +218,7 @@ Decision = (
     | StopNode
     | FinishJob
     | Log
+    | MembershipChange
 )
 
 #: Seconds a requested node may take to register before it counts as failed to start.
@@ -215,6 +236,11 @@ class JobView:
     waiting: Mapping[str, str]
     #: Nodes asked for with ``elastic-run scale`` (None: no request).
     scale_target: int | None = None
+    #: Requested nodes that the cluster cannot place yet (Kubernetes: unschedulable pods).
+    pending_nodes: frozenset[str] = frozenset()
+    #: Nodes lost without being asked to stop, and why (Kubernetes: a pod that failed, was
+    #: evicted, preempted or deleted by someone else). Cumulative; the policy handles each once.
+    disrupted_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -249,6 +275,9 @@ class RingPolicy:
     stopping_nodes: set[str] = field(default_factory=set)
     left_nodes: set[str] = field(default_factory=set)
     lost_nodes: set[str] = field(default_factory=set)
+    #: Nodes whose graceful leave lowered the target (undone if the node turns out disrupted).
+    voluntary_leaves: set[str] = field(default_factory=set)
+    disrupted_handled: set[str] = field(default_factory=set)
     scale_request: int | None = None
 
     # -- the step ----------------------------------------------------------------------------
@@ -291,6 +320,10 @@ class RingPolicy:
             node, index = split_slot(slot)
             member = view.members.get(node)
             problem = f"slot {slot} lost its lease (hung or unreachable)"
+            if self.ring is not None and slot in self.ring.slots:
+                decisions.append(
+                    MembershipChange(ChangeKind.CRASHED, self.ring.epoch, (slot,), problem)
+                )
             if member is None or member.leaving or self.phase is not Phase.RUNNING:
                 decisions.append(Log(problem))
             elif self.restarts_used < self.settings.max_restarts:
@@ -321,11 +354,13 @@ class RingPolicy:
             wanted = max(settings.min_workers, min(settings.max_workers, view.scale_target))
             decisions.append(Log(f"scaling to {wanted} nodes (asked for {view.scale_target})"))
             self.target_workers = wanted
+        decisions += self._on_disruptions(view)
         for member in view.members.values():
             if member.leaving and member.node not in self.left_nodes:
                 self.left_nodes.add(member.node)
                 if member.node not in self.stopping_nodes:
                     self.target_workers -= 1
+                    self.voluntary_leaves.add(member.node)
                     decisions.append(Log(f"node {member.node} is leaving gracefully"))
         decisions += self._track_nodes(view)
         if self.phase is not Phase.RUNNING:
@@ -347,10 +382,48 @@ class RingPolicy:
                 decisions.append(StopNode(member.node))
         return decisions
 
+    def _on_disruptions(self, view: JobView) -> list[Decision]:
+        """Nodes the provisioner reports lost (failed, evicted, preempted, deleted by someone
+        else): replaced while restarts last, even when the node's agent left gracefully (the
+        SIGTERM of a preemption is not a request to shrink the job)."""
+        decisions: list[Decision] = []
+        for node, reason in sorted(view.disrupted_nodes.items()):
+            if node in self.disrupted_handled or node in self.stopping_nodes:
+                continue
+            self.disrupted_handled.add(node)
+            self.lost_nodes.add(node)
+            self.left_nodes.add(node)
+            self.requested_nodes.pop(node, None)
+            if node in self.voluntary_leaves:
+                self.voluntary_leaves.discard(node)
+                self.target_workers += 1
+            epoch = self.ring.epoch if self.ring else 0
+            slots = tuple(
+                s for s in (self.ring.slots if self.ring else ()) if split_slot(s)[0] == node
+            )
+            if self.phase is not Phase.RUNNING:
+                decisions.append(Log(f"node {node} was lost: {reason}"))
+                continue
+            if self.restarts_used < self.settings.max_restarts:
+                self.restarts_used += 1
+                message = f"node {node} was lost: {reason}; starting a replacement"
+            else:
+                self.target_workers -= 1
+                self.failure = self.failure or f"node {node} was lost: {reason}"
+                message = f"node {node} was lost: {reason}; no restarts left to replace it"
+            decisions += [
+                Log(message),
+                MembershipChange(ChangeKind.CRASHED, epoch, slots, message),
+            ]
+        return decisions
+
     def _track_nodes(self, view: JobView) -> list[Decision]:
         """Note registered, late and lost nodes (a lost node is replaced while restarts last)."""
         decisions: list[Decision] = []
         self.seen_nodes |= set(view.members)
+        for node in view.pending_nodes & set(self.requested_nodes):
+            # The start timeout runs from when the cluster places the node, not while it waits.
+            self.requested_nodes[node] = view.now
         for node, since in list(self.requested_nodes.items()):
             if node in self.seen_nodes or view.now - since > NODE_START_TIMEOUT:
                 if node not in self.seen_nodes:
@@ -387,9 +460,15 @@ class RingPolicy:
             return [Log(f"slot {exit_.slot} left ({exit_.describe()})")]
         tail = ("; last output: " + " | ".join(exit_.tail[-3:])) if exit_.tail else ""
         problem = f"slot {exit_.slot} crashed: {exit_.describe()}{tail}"
+        crashed = MembershipChange(
+            ChangeKind.CRASHED,
+            self.ring.epoch if self.ring else 0,
+            (exit_.slot,),
+            f"slot {exit_.slot} crashed: {exit_.describe()}",
+        )
         if self.phase is Phase.FINISHING:
             self.finish_failure = self.finish_failure or problem
-            return [Log(problem)]
+            return [Log(problem), crashed]
         if key in self.killed_stuck:
             # Its directive already asks for the next incarnation; this is not the user's crash.
             return [Log(f"slot {exit_.slot} was killed because it was stuck; replacing it")]
@@ -399,11 +478,15 @@ class RingPolicy:
                 Log(
                     f"{problem}; restarting it ({self.restarts_used}/{self.settings.max_restarts})"
                 ),
+                crashed,
                 self._set_slot(member, index, exit_.incarnation + 1),
             ]
         self.failure = problem
         self.abandoned.add(exit_.slot)
-        decisions: list[Decision] = [Log(f"{problem}; no restarts left, dropping the slot")]
+        decisions: list[Decision] = [
+            Log(f"{problem}; no restarts left, dropping the slot"),
+            crashed,
+        ]
         if member is not None:
             decisions.append(self._set_slot(member, index, None))
         return decisions
@@ -467,9 +550,10 @@ class RingPolicy:
             per_node = collections.Counter(split_slot(s)[0] for s in target)
             complete = {n for n, count in per_node.items() if count == self.settings.nproc_per_node}
             grace_over = view.now - self.started_at >= self.settings.start_grace
-            if len(complete) < self.target_workers and not (
-                grace_over and len(complete) >= self.settings.min_workers
-            ):
+            # Nodes the cluster cannot place yet are not waited for: they join when they start.
+            expected = self.target_workers - len(view.pending_nodes & set(self.requested_nodes))
+            enough = len(complete) >= max(expected, self.settings.min_workers)
+            if not enough and not (grace_over and len(complete) >= self.settings.min_workers):
                 return self._check_min_wait(view, len(complete))
             return self._form(
                 view, tuple(s for s in target if split_slot(s)[0] in complete), "start"
@@ -528,14 +612,36 @@ class RingPolicy:
             Log(f"forming epoch {epoch} ({cause}): {len(target)} ranks {list(target)}"),
             WriteRing(self.ring),
         ]
+        joined = tuple(s for s in target if before.get(s) != self.member_incarnations.get(s))
         if previous is not None:
-            for slot in target:
-                if before.get(slot) != self.member_incarnations.get(slot):
-                    decisions.append(Log(f"slot {slot} joined"))
-            for slot in previous.slots:
-                proc = view.procs.get(slot)
-                if slot not in target and proc is not None and proc.incarnation == before.get(slot):
-                    decisions.append(Log(f"slot {slot} leaves the ring"))
+            decisions += [Log(f"slot {slot} joined") for slot in joined]
+            leavers = tuple(
+                slot
+                for slot in previous.slots
+                if slot not in target
+                and (proc := view.procs.get(slot)) is not None
+                and proc.incarnation == before.get(slot)
+            )
+            decisions += [Log(f"slot {slot} leaves the ring") for slot in leavers]
+            if leavers:
+                decisions.append(
+                    MembershipChange(
+                        ChangeKind.LEFT,
+                        epoch,
+                        leavers,
+                        f"epoch {epoch}: {', '.join(leavers)} left the ring",
+                    )
+                )
+        if joined:
+            decisions.append(
+                MembershipChange(
+                    ChangeKind.JOINED,
+                    epoch,
+                    joined,
+                    f"epoch {epoch}: {', '.join(joined)} joined "
+                    f"(ranks {', '.join(str(target.index(s)) for s in joined)} of {len(target)})",
+                )
+            )
         if previous is not None and cause == "resize":
             removed = not (set(target) - set(previous.slots))
             survivors = tuple(s for s in previous.slots if s in view.procs)
@@ -564,12 +670,20 @@ class RingPolicy:
             return decisions
         self.ring = replace(ring, state=RingState.RUNNING, waiting=())
         took = view.now - self.epoch_since
+        ranks = ", ".join(f"{rank}={slot}" for rank, slot in enumerate(ring.slots))
         decisions += [
             WriteRing(self.ring),
             ReleaseWaiters(ring.epoch, tuple((s, self.ring.assignment(s)) for s in ring.slots)),
             Log(
                 f"epoch {ring.epoch} running with {len(ring.slots)} ranks; "
                 f"re-formed in {took:.2f} s"
+            ),
+            MembershipChange(
+                ChangeKind.REFORMED,
+                ring.epoch,
+                ring.slots,
+                f"epoch {ring.epoch} ({ring.cause}) running with {len(ring.slots)} ranks "
+                f"[{ranks}]; formed in {took:.2f} s",
             ),
         ]
         return decisions

@@ -3,12 +3,30 @@
 A provisioner only starts and stops agents; the agents register themselves in the store, which
 is where the launcher learns that a node is alive. ``start_nodes`` must not block on the agents
 becoming ready. ``stop_node`` asks for a graceful leave (SIGTERM to the agent); ``close`` stops
-every node it started. Errors derive from ElasticAllreduceError.
+every node it started. Errors derive from ElasticAllreduceError (a cluster's API errors from
+ProvisionerError).
+
+A provisioner that sees more than the store (a cluster's scheduler) reports it through
+:meth:`Provisioner.node_states`: nodes still waiting to be placed, and nodes lost without being
+asked to stop. It calls the callback given to :meth:`Provisioner.subscribe` (from any thread)
+whenever that changes, so the launcher's loop looks again.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeStates:
+    """What a provisioner knows about its nodes beyond the store."""
+
+    #: Nodes the cluster cannot place yet (for example unschedulable pods).
+    pending: frozenset[str] = frozenset()
+    #: Nodes lost without a stop_node(), and why; cumulative over the provisioner's life.
+    disrupted: Mapping[str, str] = field(default_factory=dict)
 
 
 class Provisioner(abc.ABC):
@@ -25,3 +43,10 @@ class Provisioner(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop every node this provisioner started (gracefully, then by force). Idempotent."""
+
+    def node_states(self) -> NodeStates:
+        """Pending and disrupted nodes (none for a provisioner that cannot tell)."""
+        return NodeStates()
+
+    def subscribe(self, changed: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """Call ``changed()`` whenever :meth:`node_states` may have changed."""

@@ -1,0 +1,504 @@
+"""Worker nodes as Kubernetes pods.
+
+Each node is one pod named ``<job>-worker-<n>`` (n increasing; a name that already exists is
+skipped), made from a Pod manifest (the worker template) whose first container runs
+``elastic-run join``. The provisioner adds the job's labels, ``restartPolicy: Never`` (the
+launcher replaces lost pods itself, within ``--max-restarts``), an ownerReference to the
+launcher's pod (so the cluster garbage-collects the workers with it), and the environment the
+agent reads: etcd endpoints, job id, node id (the pod's name) and host (the pod's IP).
+
+A watch thread follows the job's pods (resuming from the last resourceVersion, re-listing after
+410 Gone) and tells the launcher, through :meth:`KubernetesProvisioner.node_states`, which pods
+the scheduler cannot place yet (Pending, Unschedulable) and which were lost without being asked
+to stop: failed (the agent crashed or was killed), evicted, preempted, or deleted by someone
+else. ``stop_node`` deletes the pod: the kubelet's SIGTERM is the agent's graceful leave, and
+``terminationGracePeriodSeconds`` of the template bounds it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kubernetes
+import urllib3
+
+from elastic_allreduce import env
+from elastic_allreduce.errors import ConfigError, KubernetesApiError
+from launcher.provisioners.api import NodeStates, Provisioner
+
+log = logging.getLogger(__name__)
+
+APP_LABEL: Final = "app.kubernetes.io/name"
+APP_NAME: Final = "elastic-allreduce"
+JOB_LABEL: Final = "elastic-allreduce/job"
+ROLE_LABEL: Final = "elastic-allreduce/role"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+_MAX_NAME_ATTEMPTS: Final = 1000
+
+Pod = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """Where and how worker pods are made (one job)."""
+
+    namespace: str
+    job_id: str
+    etcd: str
+    #: A Pod manifest (``kind: Pod``) whose first container runs ``elastic-run join``.
+    worker_template: Mapping[str, Any]
+    #: The launcher's own pod: owner of the worker pods (None: no ownerReference).
+    launcher_pod_name: str | None = None
+    launcher_pod_uid: str | None = None
+    #: GPUs per worker pod (sets the first container's nvidia.com/gpu limit; None: template's).
+    gpus_per_node: int | None = None
+    #: Seconds one watch request lasts on the server before it is renewed.
+    watch_timeout: int = 60
+    #: Seconds close() waits for the deleted pods to disappear.
+    close_timeout: float = 60.0
+
+    @property
+    def selector(self) -> str:
+        return f"{JOB_LABEL}={self.job_id},{ROLE_LABEL}=worker"
+
+
+@dataclass
+class _PodState:
+    name: str
+    created_here: bool
+    #: The API has the pod (create returned or an event showed it): a re-list may judge it.
+    confirmed: bool = False
+    phase: str = "Pending"
+    unschedulable: bool = False
+    gone: bool = False
+    disruption: str | None = None
+    last: Pod = field(default_factory=dict)
+
+
+def api_error(exc: BaseException, verb: str, resource: str, namespace: str) -> KubernetesApiError:
+    """The project's error for a failed Kubernetes call, saying what is wrong and what to do."""
+    if isinstance(exc, kubernetes.client.exceptions.ApiException):
+        status = int(exc.status or 0)
+        detail = _status_message(exc)
+        where = f"{resource} in namespace {namespace!r}"
+        if status == 401:
+            message = (
+                f"the Kubernetes API rejected the credentials to {verb} {where} (401 "
+                f"Unauthorized: {detail}); check the service account token or kubeconfig"
+            )
+        elif status == 403:
+            message = (
+                f"RBAC forbids the launcher to {verb} {where} (403 Forbidden: {detail}); the "
+                "Role in k8s/ grants it: apply k8s/ (kubectl apply -k k8s/) and run the launcher "
+                "with that Role's service account"
+            )
+        elif status == 404:
+            message = (
+                f"cannot {verb} {where}: not found (404: {detail}); check --namespace and that "
+                "the namespace exists"
+            )
+        else:
+            message = f"the Kubernetes API failed to {verb} {where} ({status}: {detail})"
+        return KubernetesApiError(message, status)
+    return KubernetesApiError(
+        f"cannot reach the Kubernetes API to {verb} {resource} in namespace {namespace!r}: "
+        f"{exc}; check the in-cluster configuration, kubeconfig or --kube-api"
+    )
+
+
+def _status_message(exc: kubernetes.client.exceptions.ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return str(exc.reason)
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return str(exc.reason)
+
+
+#: What a failed call raises besides ApiException: the connection, not the server, failed.
+CONNECTION_ERRORS: Final = (urllib3.exceptions.HTTPError, OSError)
+
+
+def describe_loss(pod: Pod, deleted: bool) -> str:
+    """Why a pod was lost, in words (evicted, preempted, failed with an exit code, deleted)."""
+    status = pod.get("status") or {}
+    reasons = {
+        c.get("reason")
+        for c in status.get("conditions") or []
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+    }
+    if status.get("reason") == "Evicted":
+        return f"pod evicted ({status.get('message') or 'node pressure'})"
+    if "PreemptionByScheduler" in reasons or "PreemptionByKubeScheduler" in reasons:
+        return "pod preempted by the scheduler"
+    if reasons:
+        return f"pod disrupted ({', '.join(sorted(r for r in reasons if r))})"
+    for item in status.get("containerStatuses") or []:
+        terminated = (item.get("state") or {}).get("terminated")
+        if terminated and status.get("phase") == "Failed":
+            return (
+                f"pod failed: container {item.get('name')} exited with code "
+                f"{terminated.get('exitCode')} ({terminated.get('reason') or 'Error'})"
+            )
+    if status.get("phase") == "Failed":
+        return f"pod failed ({status.get('reason') or status.get('message') or 'unknown'})"
+    return "pod deleted" if deleted else "pod is being deleted"
+
+
+class KubernetesProvisioner(Provisioner):
+    """Runs each node as a pod (see the module docstring)."""
+
+    def __init__(
+        self, settings: KubernetesSettings, api_client: kubernetes.client.ApiClient
+    ) -> None:
+        _check_template(settings.worker_template)
+        self.settings = settings
+        # Typed as Any: pods are handled as plain JSON dicts (the manifest's own shape), not as
+        # the client's models, so list results are read raw (_preload_content=False).
+        self._core: Any = kubernetes.client.CoreV1Api(api_client)
+        self._lock = threading.Lock()
+        self._numbers = itertools.count()
+        self._pods: dict[str, _PodState] = {}
+        self._stopping: set[str] = set()
+        self._listeners: list[Callable[[], None]] = []
+        self._resource_version: str | None = None
+        self._stop = threading.Event()
+        self._watch: kubernetes.watch.Watch | None = None
+        self._watcher: threading.Thread | None = None
+        self._closed = False
+        #: The last error of the watch thread (for logs and tests); None after a success.
+        self.watch_error: KubernetesApiError | None = None
+        self.relists = 0
+
+    # -- Provisioner -----------------------------------------------------------------------------
+
+    def start_nodes(self, count: int) -> list[str]:
+        self._ensure_watching()
+        started = []
+        for _ in range(count):
+            started.append(self._create_pod())
+        return started
+
+    def stop_node(self, node_id: str) -> None:
+        with self._lock:
+            state = self._pods.get(node_id)
+            if state is None or not state.created_here or state.gone:
+                return
+            self._stopping.add(node_id)
+        self._delete(node_id)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            names = [n for n, s in self._pods.items() if s.created_here and not s.gone]
+            self._stopping.update(names)
+        try:
+            for name in names:
+                self._delete(name)
+            deadline = time.monotonic() + self.settings.close_timeout
+            while names and time.monotonic() < deadline:
+                with self._lock:
+                    names = [n for n in names if not self._pods[n].gone]
+                if names and not self._watch_alive():
+                    names = self._still_there(names)
+                if names:
+                    self._stop.wait(0.2)
+            if names:
+                log.warning(
+                    "[%s] worker pods still terminating after %.0f s: %s",
+                    self.settings.job_id,
+                    self.settings.close_timeout,
+                    names,
+                )
+        finally:
+            self._stop.set()
+            watch = self._watch
+            if watch is not None:
+                watch.stop()  # type: ignore[no-untyped-call]
+            if self._watcher is not None:
+                self._watcher.join(timeout=10)
+
+    def node_states(self) -> NodeStates:
+        with self._lock:
+            return NodeStates(
+                pending=frozenset(
+                    n for n, s in self._pods.items() if s.unschedulable and not s.gone
+                ),
+                disrupted={n: s.disruption for n, s in self._pods.items() if s.disruption},
+            )
+
+    def subscribe(self, changed: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners.append(changed)
+
+    # -- pods --------------------------------------------------------------------------------------
+
+    def worker_pod(self, name: str) -> Pod:
+        """The worker pod ``name`` as it will be created from the template."""
+        settings = self.settings
+        pod: Pod = copy.deepcopy(dict(settings.worker_template))
+        pod["apiVersion"] = "v1"
+        pod["kind"] = "Pod"
+        metadata = pod.setdefault("metadata", {})
+        for server_side in ("name", "generateName", "uid", "resourceVersion", "namespace"):
+            metadata.pop(server_side, None)
+        metadata["name"] = name
+        metadata["namespace"] = settings.namespace
+        metadata["labels"] = {
+            **(metadata.get("labels") or {}),
+            APP_LABEL: APP_NAME,
+            JOB_LABEL: settings.job_id,
+            ROLE_LABEL: "worker",
+        }
+        if settings.launcher_pod_name and settings.launcher_pod_uid:
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": settings.launcher_pod_name,
+                    "uid": settings.launcher_pod_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        spec = pod["spec"]
+        spec["restartPolicy"] = "Never"
+        container = spec["containers"][0]
+        ours: dict[str, dict[str, Any]] = {
+            env.ETCD_ENDPOINTS: {"value": settings.etcd},
+            env.JOB_ID: {"value": settings.job_id},
+            env.NODE_ID: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            env.HOST: {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        }
+        kept = [e for e in container.get("env") or [] if e.get("name") not in ours]
+        container["env"] = kept + [{"name": k, **v} for k, v in ours.items()]
+        if settings.gpus_per_node is not None:
+            resources = container.setdefault("resources", {})
+            resources.setdefault("limits", {})[GPU_RESOURCE] = settings.gpus_per_node
+            resources.setdefault("requests", {})[GPU_RESOURCE] = settings.gpus_per_node
+        return pod
+
+    def _create_pod(self) -> str:
+        settings = self.settings
+        for _ in range(_MAX_NAME_ATTEMPTS):
+            name = f"{settings.job_id}-worker-{next(self._numbers)}"
+            with self._lock:
+                if name in self._pods:
+                    continue
+                # Known before the create returns: the watch may report it first.
+                self._pods[name] = _PodState(name, created_here=True)
+            try:
+                self._core.create_namespaced_pod(settings.namespace, self.worker_pod(name))
+            except kubernetes.client.exceptions.ApiException as exc:
+                with self._lock:
+                    del self._pods[name]
+                if exc.status == 409:
+                    log.info(
+                        "[%s] pod %s already exists; trying the next name", settings.job_id, name
+                    )
+                    continue
+                raise api_error(exc, "create", "pods", settings.namespace) from exc
+            except CONNECTION_ERRORS as exc:
+                with self._lock:
+                    del self._pods[name]
+                raise api_error(exc, "create", "pods", settings.namespace) from exc
+            with self._lock:
+                self._pods[name].confirmed = True
+            log.info("[%s] created pod %s", settings.job_id, name)
+            return name
+        raise KubernetesApiError(
+            f"could not find a free pod name for job {settings.job_id!r} in namespace "
+            f"{settings.namespace!r} after {_MAX_NAME_ATTEMPTS} tries; delete old worker pods "
+            f"(label {settings.selector})"
+        )
+
+    def _delete(self, name: str) -> None:
+        try:
+            self._core.delete_namespaced_pod(name, self.settings.namespace)
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                with self._lock:
+                    self._pods[name].gone = True
+                return
+            raise api_error(exc, "delete", "pods", self.settings.namespace) from exc
+        except CONNECTION_ERRORS as exc:
+            raise api_error(exc, "delete", "pods", self.settings.namespace) from exc
+        log.info("[%s] deleted pod %s", self.settings.job_id, name)
+
+    def _list(self) -> dict[str, Any]:
+        response = self._core.list_namespaced_pod(
+            self.settings.namespace,
+            label_selector=self.settings.selector,
+            _preload_content=False,
+        )
+        listed = json.loads(response.data)
+        if not isinstance(listed, dict):
+            raise KubernetesApiError(f"the pod list is not a JSON object: {listed!r:.200}")
+        return listed
+
+    def _still_there(self, names: list[str]) -> list[str]:
+        """Without a watch: which of ``names`` still exist (one list call)."""
+        try:
+            listed = self._list()
+        except (kubernetes.client.exceptions.ApiException, *CONNECTION_ERRORS):
+            return names
+        present = {item["metadata"]["name"] for item in listed["items"]}
+        return [n for n in names if n in present]
+
+    # -- the watch ---------------------------------------------------------------------------------
+
+    def _ensure_watching(self) -> None:
+        if self._watcher is not None:
+            return
+        self._relist()  # errors (RBAC, namespace) surface here, in the caller's thread
+        self._watcher = threading.Thread(
+            target=self._watch_loop, name=f"pods-{self.settings.job_id}", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch_alive(self) -> bool:
+        return self._watcher is not None and self._watcher.is_alive()
+
+    def _relist(self) -> None:
+        settings = self.settings
+        try:
+            listed = self._list()
+        except kubernetes.client.exceptions.ApiException as exc:
+            raise api_error(exc, "list", "pods", settings.namespace) from exc
+        except CONNECTION_ERRORS as exc:
+            raise api_error(exc, "list", "pods", settings.namespace) from exc
+        present = {item["metadata"]["name"]: item for item in listed.get("items") or []}
+        with self._lock:
+            self.relists += 1
+            for name, pod in present.items():
+                self._observe_locked(name, pod, deleted=False)
+            for name, state in self._pods.items():
+                if name not in present and not state.gone and state.confirmed:
+                    self._observe_locked(name, state.last, deleted=True)
+            self._resource_version = str(listed["metadata"]["resourceVersion"])
+        self._notify()
+
+    def _watch_loop(self) -> None:
+        settings = self.settings
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                if self._resource_version is None:
+                    self._relist()
+                watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+                self._watch = watch
+                for event in watch.stream(  # type: ignore[no-untyped-call]
+                    self._core.list_namespaced_pod,
+                    settings.namespace,
+                    label_selector=settings.selector,
+                    resource_version=self._resource_version,
+                    timeout_seconds=settings.watch_timeout,
+                ):
+                    pod = event["raw_object"]
+                    metadata = pod.get("metadata") or {}
+                    with self._lock:
+                        self._observe_locked(
+                            metadata.get("name", ""), pod, deleted=event["type"] == "DELETED"
+                        )
+                        self._resource_version = metadata.get("resourceVersion")
+                    self._notify()
+                    if self._stop.is_set():
+                        break
+                self.watch_error = None
+                backoff = 0.5
+            except kubernetes.client.exceptions.ApiException as exc:
+                if exc.status == 410:
+                    log.info(
+                        "[%s] pod watch expired (410 Gone at resourceVersion %s); re-listing",
+                        settings.job_id,
+                        self._resource_version,
+                    )
+                    self._resource_version = None
+                    continue
+                self._watch_failed(api_error(exc, "watch", "pods", settings.namespace))
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            except KubernetesApiError as exc:
+                self._watch_failed(exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            except CONNECTION_ERRORS as exc:
+                if self._stop.is_set():
+                    return
+                self._watch_failed(api_error(exc, "watch", "pods", settings.namespace))
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            finally:
+                self._watch = None
+
+    def _watch_failed(self, error: KubernetesApiError) -> None:
+        if self._stop.is_set():
+            return
+        self.watch_error = error
+        log.warning("[%s] pod watch failed, retrying: %s", self.settings.job_id, error)
+
+    def _observe_locked(self, name: str, pod: Pod, *, deleted: bool) -> None:
+        state = self._pods.get(name)
+        if state is None:
+            # A pod of this job that this provisioner did not create (an earlier launcher's).
+            state = self._pods[name] = _PodState(name, created_here=False)
+        if state.gone:
+            return
+        state.confirmed = True
+        state.last = pod
+        status = pod.get("status") or {}
+        state.phase = str(status.get("phase") or "Pending")
+        state.unschedulable = state.phase == "Pending" and any(
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+            for c in status.get("conditions") or []
+        )
+        terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        if deleted:
+            state.gone = True
+            state.unschedulable = False
+        lost = deleted or terminating or state.phase == "Failed"
+        if (
+            lost
+            and state.created_here
+            and state.disruption is None
+            and name not in self._stopping
+            and not self._closed
+        ):
+            state.disruption = describe_loss(pod, deleted)
+            log.warning("[%s] node %s lost: %s", self.settings.job_id, name, state.disruption)
+
+    def _notify(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+
+def _check_template(template: Mapping[str, Any]) -> None:
+    kind = template.get("kind", "Pod")
+    spec = template.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    if kind != "Pod" or not isinstance(containers, list) or not containers:
+        raise ConfigError(
+            "the worker template must be a Pod manifest (kind: Pod) with at least one container "
+            f"in spec.containers, got kind {kind!r} with "
+            f"{len(containers) if isinstance(containers, list) else 'no'} containers"
+        )
+    first = containers[0]
+    if not isinstance(first, dict) or not (first.get("command") or first.get("args")):
+        log.info(
+            "the worker template's first container has no command: the image's entrypoint runs"
+        )
