@@ -1,0 +1,412 @@
+"""``elastic-run k8s render|submit|status|delete``: a job's manifests, applied to a cluster.
+
+``render`` prints YAML and needs no cluster. ``submit`` applies the same objects: shared ones
+(the etcd of ``--with-etcd``, the PriorityClass of ``--with-priority-class``) are created when
+absent and otherwise left as they are; the job's own objects are created, or replaced when a
+deleted job left them behind; a job whose launcher Job exists is refused. ``status`` shows the
+launcher Job and the pods of a job; ``delete`` removes every object labelled with the job id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from launcher.k8s import render as r
+from launcher.k8s.client import (
+    KINDS,
+    Kind,
+    Kube,
+    KubeConflictError,
+    KubeForbiddenError,
+    KubeNotFoundError,
+    connect,
+    kind_of,
+)
+
+Manifest = dict[str, Any]
+
+_DESCRIPTION = """\
+Run elastic jobs on Kubernetes. `render` prints a job's manifests (ServiceAccount, Role and
+RoleBinding for the launcher, the worker pod template, NetworkPolicies, the launcher Job; with
+--with-etcd the namespace's etcd, with --with-priority-class the cluster's PriorityClass);
+`submit` applies them; `status` and `delete` act on a job by its id. The cluster comes from
+--kubeconfig, $KUBECONFIG or ~/.kube/config, or the service account inside a pod.
+"""
+
+#: The job's own objects, deleted by `delete` (in this order: the launcher first).
+_JOB_KINDS = ("Job", "Pod", "NetworkPolicy", "ConfigMap", "RoleBinding", "Role", "ServiceAccount")
+#: Objects shared by every job of a namespace (or the cluster): created if absent, never replaced.
+_SHARED_KINDS = ("PriorityClass", "StatefulSet", "Service")
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> None:
+    """Register ``k8s`` and its sub-commands on ``elastic-run``'s sub-command parsers."""
+    group = commands.add_parser(
+        "k8s",
+        help="render, submit, inspect or delete a job on Kubernetes",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = group.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
+    render = actions.add_parser(
+        "render",
+        parents=list(parents),
+        help="print a job's manifests as YAML (no cluster needed)",
+        description="Print the Kubernetes objects of one job as a YAML stream on stdout.",
+    )
+    _add_job_flags(render)
+    submit = actions.add_parser(
+        "submit",
+        parents=list(parents),
+        help="apply a job's manifests to the cluster",
+        description=(
+            "Create the objects `render` prints. Shared objects (etcd, PriorityClass) are "
+            "created if absent and otherwise kept; a job whose launcher Job exists is refused."
+        ),
+    )
+    _add_job_flags(submit)
+    _add_cluster_flags(submit)
+    status = actions.add_parser(
+        "status",
+        parents=list(parents),
+        help="show a job's launcher Job and pods",
+        description="Show the launcher Job's state and every pod of a job.",
+    )
+    delete = actions.add_parser(
+        "delete",
+        parents=list(parents),
+        help="delete every object of a job",
+        description=(
+            "Delete the launcher Job, the worker pods and the job's RBAC, template and "
+            "NetworkPolicies (everything labelled elastic-allreduce/job=JOB). The namespace's "
+            "etcd and the PriorityClass stay."
+        ),
+    )
+    for parser in (status, delete):
+        parser.add_argument("--job-id", required=True, metavar="NAME", help="the job's id")
+        parser.add_argument(
+            "--namespace",
+            default=r.DEFAULT_NAMESPACE,
+            metavar="NS",
+            help=f"the job's namespace (default {r.DEFAULT_NAMESPACE})",
+        )
+        _add_cluster_flags(parser)
+
+
+def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+
+
+def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--image", required=True, metavar="IMG", help="the elastic-allreduce image")
+    parser.add_argument(
+        "--namespace",
+        default=r.DEFAULT_NAMESPACE,
+        metavar="NS",
+        help=f"namespace of the job (default {r.DEFAULT_NAMESPACE}; it must exist)",
+    )
+    parser.add_argument("--job-id", metavar="NAME", help="the job's id (default: a new one)")
+    parser.add_argument("--workers", type=int, default=2, metavar="N", help="nodes (default 2)")
+    parser.add_argument("--min-workers", type=int, default=1, metavar="N", help="(default 1)")
+    parser.add_argument("--max-workers", type=int, metavar="N", help="(default --workers)")
+    parser.add_argument(
+        "--gpus-per-worker", type=int, default=0, metavar="G", help="GPUs per worker (default 0)"
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="K",
+        help="training processes per worker (default: G, or 1 without GPUs)",
+    )
+    parser.add_argument("--cpu", default="1", help="CPU request per worker (default 1)")
+    parser.add_argument("--memory", default="2Gi", help="memory per worker (default 2Gi)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--etcd",
+        metavar="HOST:PORT[,...]",
+        help=f"etcd endpoints (default: the namespace's {r.ETCD_NAME}:{r.ETCD_CLIENT_PORT})",
+    )
+    where.add_argument(
+        "--with-etcd", action="store_true", help="also deploy the namespace's etcd StatefulSet"
+    )
+    parser.add_argument(
+        "--etcd-replicas", type=int, default=3, metavar="N", help="etcd members (default 3)"
+    )
+    priority = parser.add_mutually_exclusive_group()
+    priority.add_argument(
+        "--priority-class",
+        default=r.PRIORITY_CLASS,
+        metavar="NAME",
+        help=f"workers' PriorityClass (default {r.PRIORITY_CLASS})",
+    )
+    priority.add_argument(
+        "--no-priority-class", action="store_true", help="workers get no PriorityClass"
+    )
+    parser.add_argument(
+        "--with-priority-class",
+        action="store_true",
+        help=f"also create the cluster-scoped PriorityClass {r.PRIORITY_CLASS}",
+    )
+    parser.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="leave out the NetworkPolicies (e.g. for an etcd outside the namespace)",
+    )
+    parser.add_argument(
+        "--node-selector",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="schedule workers only on nodes with this label (repeatable)",
+    )
+    parser.add_argument(
+        "--toleration",
+        action="append",
+        default=[],
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="let workers run on nodes with this taint (repeatable)",
+    )
+    parser.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+
+
+def job_spec(args: argparse.Namespace) -> r.JobSpec:
+    """The JobSpec the flags describe (validated; ConfigError names the bad flag)."""
+    command = list(args.command_args)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    selector: dict[str, str] = {}
+    for item in args.node_selector:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"invalid --node-selector {item!r}: use KEY=VALUE")
+        selector[key] = value
+    return r.JobSpec(
+        image=args.image,
+        command=tuple(command),
+        namespace=args.namespace,
+        job_id=args.job_id or f"job-{secrets.token_hex(3)}",
+        workers=args.workers,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        nproc_per_node=args.nproc_per_node,
+        gpus_per_worker=args.gpus_per_worker,
+        cpu=args.cpu,
+        memory=args.memory,
+        etcd=args.etcd,
+        with_etcd=args.with_etcd,
+        etcd_replicas=args.etcd_replicas,
+        priority_class=None if args.no_priority_class else args.priority_class,
+        with_priority_class=args.with_priority_class,
+        network_policy=not args.no_network_policy,
+        node_selector=selector,
+        tolerations=tuple(r.Toleration.parse(t) for t in args.toleration),
+    ).validate()
+
+
+def _describe(manifest: Manifest) -> str:
+    return f"{manifest['kind']}/{manifest['metadata']['name']}"
+
+
+def _run_render(args: argparse.Namespace) -> int:
+    spec = job_spec(args)
+    sys.stdout.write(r.to_yaml(r.render(spec)))
+    if not args.job_id:
+        print(f"# job id {spec.job_id} (pass --job-id to choose it)", file=sys.stderr)
+    return 0
+
+
+def _check_prerequisites(kube: Kube, spec: r.JobSpec) -> None:
+    """Refuse, before creating anything, a job that exists or would have no etcd or class."""
+    job = kube.get(KINDS["Job"], r.launcher_name(spec.job_id), spec.namespace)
+    if job is not None:
+        raise KubeConflictError(
+            f"job {spec.job_id!r} already exists in namespace {spec.namespace!r} "
+            f"({_job_phase(job)}): delete it first with `elastic-run k8s delete --namespace "
+            f"{spec.namespace} --job-id {spec.job_id}`, or choose another --job-id",
+            409,
+        )
+    checks: list[tuple[Kind, str, str | None, str]] = []
+    if not spec.with_etcd and spec.etcd is None:
+        checks.append(
+            (
+                KINDS["Service"],
+                r.ETCD_NAME,
+                spec.namespace,
+                f"namespace {spec.namespace!r} has no etcd (Service {r.ETCD_NAME} not found): "
+                "add --with-etcd to deploy one, `kubectl apply -k k8s/base` (or an overlay), or "
+                "pass --etcd HOST:PORT",
+            )
+        )
+    if spec.priority_class is not None and not spec.with_priority_class:
+        checks.append(
+            (
+                KINDS["PriorityClass"],
+                spec.priority_class,
+                None,
+                f"PriorityClass {spec.priority_class!r} does not exist, so no worker pod could "
+                "be created: create it once per cluster (--with-priority-class, or `kubectl "
+                "apply -f k8s/base/priorityclass.yaml`) or pass --no-priority-class",
+            )
+        )
+    for kind, name, namespace, missing in checks:
+        try:
+            found = kube.get(kind, name, namespace)
+        except KubeForbiddenError as exc:
+            print(f"elastic-run k8s submit: warning: not checked: {exc}", file=sys.stderr)
+            continue
+        if found is None:
+            raise ConfigError(missing)
+
+
+def _run_submit(args: argparse.Namespace) -> int:
+    spec = job_spec(args)
+    manifests = r.render(spec)
+    with Kube(connect(args.kubeconfig, args.context)) as kube:
+        _check_prerequisites(kube, spec)
+        for manifest in manifests:
+            kind_of(manifest)  # refuse an unknown kind before sending anything
+        for manifest in manifests:
+            try:
+                kube.create(manifest)
+                outcome = "created"
+            except KubeNotFoundError as exc:
+                if manifest["kind"] in ("Namespace", "PriorityClass"):
+                    raise
+                raise KubeNotFoundError(
+                    f"namespace {spec.namespace!r} does not exist: create it (`kubectl create "
+                    f"namespace {spec.namespace}`) or pass --namespace ({exc})",
+                    404,
+                ) from exc
+            except KubeConflictError:
+                if manifest["kind"] in _SHARED_KINDS:
+                    outcome = "exists, kept"
+                elif manifest["kind"] == "Job":
+                    raise
+                else:
+                    kube.replace(manifest)
+                    outcome = "replaced"
+            print(f"{_describe(manifest)}: {outcome}")
+    print(
+        f"job {spec.job_id} submitted to namespace {spec.namespace}; follow it with "
+        f"`elastic-run k8s status --namespace {spec.namespace} --job-id {spec.job_id}`"
+    )
+    return 0
+
+
+def _job_phase(job: Manifest) -> str:
+    status = job.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            detail = condition.get("message") or condition.get("reason") or ""
+            name = "succeeded" if condition["type"] == "Complete" else "failed"
+            return f"{name}{': ' + detail if detail else ''}"
+    if status.get("active"):
+        return "running"
+    if status.get("succeeded"):
+        return "succeeded"
+    if status.get("failed"):
+        return "failed"
+    return "starting"
+
+
+def _pod_line(pod: Manifest) -> str:
+    metadata, spec = pod["metadata"], pod.get("spec") or {}
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Unknown")
+    if metadata.get("deletionTimestamp"):
+        phase = "Terminating"
+    detail = ""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            detail = condition.get("message") or condition.get("reason") or ""
+    for container in status.get("containerStatuses") or []:
+        state = container.get("state") or {}
+        waiting, ended = state.get("waiting") or {}, state.get("terminated") or {}
+        if waiting.get("reason"):
+            detail = waiting["reason"]
+        elif ended:
+            detail = f"{ended.get('reason', 'exited')} (exit code {ended.get('exitCode')})"
+    if status.get("reason"):  # Evicted, Preempting, ...
+        detail = f"{status['reason']}: {status.get('message', '')}".rstrip(": ")
+    role = (metadata.get("labels") or {}).get(r.ROLE_LABEL, "?")
+    node = spec.get("nodeName") or "-"
+    ip = status.get("podIP") or "-"
+    line = f"  {role:<8} {metadata['name']:<40} {phase:<11} node {node:<20} ip {ip}"
+    return f"{line}  {detail}" if detail else line
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    with Kube(connect(args.kubeconfig, args.context)) as kube:
+        job = kube.get(KINDS["Job"], r.launcher_name(args.job_id), args.namespace)
+        pods = kube.list(KINDS["Pod"], args.namespace, r.job_selector(args.job_id))
+    if job is None and not pods:
+        raise KubeNotFoundError(
+            f"no job {args.job_id!r} in namespace {args.namespace!r}: no Job "
+            f"{r.launcher_name(args.job_id)} and no pods labelled {r.job_selector(args.job_id)} "
+            "(check --job-id and --namespace)",
+            404,
+        )
+    phase = _job_phase(job) if job is not None else "launcher Job gone"
+    print(f"job {args.job_id} in namespace {args.namespace}: {phase}")
+    launchers = [p for p in pods if p["metadata"].get("labels", {}).get(r.ROLE_LABEL) != "worker"]
+    workers = [p for p in pods if p not in launchers]
+    for pod in sorted(launchers, key=lambda p: p["metadata"]["name"]):
+        print(_pod_line(pod))
+    for pod in sorted(workers, key=lambda p: p["metadata"]["name"]):
+        print(_pod_line(pod))
+    counts: dict[str, int] = {}
+    for pod in workers:
+        phase = str((pod.get("status") or {}).get("phase") or "Unknown").lower()
+        counts[phase] = counts.get(phase, 0) + 1
+    summary = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none"
+    print(f"workers: {summary}")
+    return 0
+
+
+def _run_delete(args: argparse.Namespace) -> int:
+    selector = r.job_selector(args.job_id)
+    deleted = 0
+    with Kube(connect(args.kubeconfig, args.context)) as kube:
+        for name in _JOB_KINDS:
+            kind = KINDS[name]
+            for obj in kube.list(kind, args.namespace, selector):
+                try:
+                    kube.delete(kind, obj["metadata"]["name"], args.namespace)
+                except KubeNotFoundError:
+                    continue  # gone meanwhile (a Job's pods go with it)
+                print(f"{name}/{obj['metadata']['name']}: deleted")
+                deleted += 1
+    if not deleted:
+        raise KubeNotFoundError(
+            f"nothing to delete: no objects labelled {selector} in namespace {args.namespace!r} "
+            "(check --job-id and --namespace)",
+            404,
+        )
+    print(f"job {args.job_id} deleted ({deleted} objects); the namespace's etcd stays")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``k8s`` sub-command in ``args``; 0 on success, 2 with one error line otherwise."""
+    handlers = {
+        "render": _run_render,
+        "submit": _run_submit,
+        "status": _run_status,
+        "delete": _run_delete,
+    }
+    try:
+        return handlers[args.k8s_command](args)
+    except ElasticAllreduceError as exc:
+        print(f"elastic-run k8s {args.k8s_command}: error: {exc}", file=sys.stderr)
+        return 2
