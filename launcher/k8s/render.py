@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.store.api import validate_job_id
 
@@ -62,13 +63,11 @@ DEFAULT_JOB_ID: Final = "elastic-job"
 #: Environment variables the launcher pod gets from the downward API, and the worker's Gloo
 #: interface (the pod network's interface in every common CNI).
 POD_ENV: Final = (
-    ("ELASTIC_ALLREDUCE_POD_NAME", "metadata.name"),
-    ("ELASTIC_ALLREDUCE_POD_UID", "metadata.uid"),
-    ("ELASTIC_ALLREDUCE_POD_IP", "status.podIP"),
-    ("ELASTIC_ALLREDUCE_NAMESPACE", "metadata.namespace"),
+    (env.POD_NAME, "metadata.name"),
+    (env.POD_UID, "metadata.uid"),
+    (env.POD_IP, "status.podIP"),
+    (env.NAMESPACE, "metadata.namespace"),
 )
-NAMESPACE_ENV: Final = "ELASTIC_ALLREDUCE_NAMESPACE"
-GLOO_IFACE_ENV: Final = "ELASTIC_ALLREDUCE_GLOO_IFACE"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -265,7 +264,7 @@ def worker_pod(spec: JobSpec) -> Manifest:
                 "name": "worker",
                 "image": spec.image,
                 "command": ["elastic-run", "join"],
-                "env": [{"name": GLOO_IFACE_ENV, "value": "eth0"}],
+                "env": [{"name": env.GLOO_IFACE, "value": "eth0"}],
                 "resources": {
                     "requests": {"cpu": spec.cpu, "memory": spec.memory},
                     "limits": limits,
@@ -303,7 +302,7 @@ def launcher_args(spec: JobSpec) -> list[str]:
         "--worker-template",
         f"{TEMPLATE_DIR}/{TEMPLATE_KEY}",
         "--namespace",
-        f"$({NAMESPACE_ENV})",
+        f"$({env.NAMESPACE})",
         "--etcd",
         spec.etcd_endpoints,
         "--job-id",
@@ -346,8 +345,8 @@ def _launcher_job(spec: JobSpec) -> Manifest:
                             "command": ["elastic-run"],
                             "args": launcher_args(spec),
                             "env": [
-                                {"name": env, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-                                for env, path in POD_ENV
+                                {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                                for name, path in POD_ENV
                             ],
                             "resources": {
                                 "requests": {"cpu": "250m", "memory": "512Mi"},

@@ -1,0 +1,497 @@
+"""`elastic-run k8s render|submit|status|delete`: flags, errors, and the calls against the fake
+Kubernetes API (tests/helpers/fake_kube.py), through a kubeconfig as a user would."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.cli import main
+from launcher.k8s import render as r
+from launcher.k8s.client import KINDS, Kube, connect
+from tests.helpers.fake_kube import FakeKube
+
+NS = "ml"
+IMAGE = "registry.example.com/ea:1"
+COMMAND = ["--", "python", "train.py", "--epochs", "3"]
+JOB_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "Job")
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "not-checked-by-the-fake"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    with FakeKube(namespaces=("default", NS)) as kube:
+        yield kube
+
+
+@pytest.fixture
+def kubeconfig(fake: FakeKube, tmp_path: Path) -> str:
+    return str(write_kubeconfig(tmp_path / "kubeconfig", fake.url))
+
+
+@pytest.fixture
+def kube(kubeconfig: str) -> Iterator[Kube]:
+    with Kube(connect(kubeconfig)) as client:
+        yield client
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def submit(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, *extra: str
+) -> tuple[int, str, str]:
+    return run(
+        capsys,
+        "k8s",
+        "submit",
+        "--kubeconfig",
+        kubeconfig,
+        "--image",
+        IMAGE,
+        "--namespace",
+        NS,
+        "--job-id",
+        "demo",
+        *extra,
+        *COMMAND,
+    )
+
+
+def names(kube: Kube, kind: str, namespace: str | None = NS) -> set[str]:
+    return {o["metadata"]["name"] for o in kube.list(KINDS[kind], namespace, "")}
+
+
+# -- render ------------------------------------------------------------------------------------
+
+
+def test_render_prints_the_jobs_manifests(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "k8s", "render", "--image", IMAGE, "--job-id", "demo", "--namespace", NS, *COMMAND
+    )
+    assert (code, err) == (0, "")
+    objects = [doc for doc in yaml.safe_load_all(out) if doc]
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "Job",
+    ]
+    assert all(o["metadata"]["namespace"] == NS for o in objects)
+    job = objects[-1]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--") :] == COMMAND
+    assert args[args.index("--job-id") + 1] == "demo"
+
+
+def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "k8s",
+        "render",
+        "--image",
+        IMAGE,
+        "--job-id",
+        "gpu",
+        "--gpus-per-worker",
+        "2",
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "8",
+        "--workers",
+        "4",
+        "--with-etcd",
+        "--with-priority-class",
+        "--node-selector",
+        "pool=a100",
+        "--toleration",
+        "dedicated=ml:NoExecute",
+        *COMMAND,
+    )
+    assert code == 0
+    objects = [doc for doc in yaml.safe_load_all(out) if doc]
+    kinds = [o["kind"] for o in objects]
+    assert kinds[0] == "PriorityClass"
+    assert kinds.count("StatefulSet") == 1
+    template = yaml.safe_load(
+        next(o for o in objects if o["kind"] == "ConfigMap")["data"][r.TEMPLATE_KEY]
+    )
+    spec = template["spec"]
+    assert spec["containers"][0]["resources"]["limits"][r.GPU_RESOURCE] == 2
+    assert spec["nodeSelector"] == {"pool": "a100"}
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"} in spec[
+        "tolerations"
+    ]
+    args = objects[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--nproc-per-node") + 1] == "2"  # one process per GPU by default
+
+
+def test_render_without_a_job_id_makes_one_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "k8s", "render", "--image", IMAGE, *COMMAND)
+    assert code == 0
+    job_id = err.split("job id ")[1].split()[0]
+    objects = [doc for doc in yaml.safe_load_all(out) if doc]
+    assert {o["metadata"]["labels"][r.JOB_LABEL] for o in objects} == {job_id}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--workers", "0"], "--workers (0) and --min-workers (1) must be at least 1"),
+        (["--min-workers", "3"], "need --min-workers <= --workers <= --max-workers"),
+        (["--workers", "5", "--max-workers", "4"], "got 1 <= 5 <= 4"),
+        (["--gpus-per-worker", "1", "--nproc-per-node", "2"], "--nproc-per-node 2 needs"),
+        (["--gpus-per-worker", "-1"], "--gpus-per-worker must be 0 or more"),
+        (["--cpu", "lots"], "invalid --cpu 'lots'"),
+        (["--memory", "2GB"], "invalid --memory '2GB'"),
+        (["--job-id", "Bad_Name"], "invalid job id 'Bad_Name'"),
+        (["--namespace", "Team A"], "invalid --namespace 'Team A'"),
+        (["--etcd-replicas", "2"], "--etcd-replicas must be 1, 3 or 5"),
+        (["--toleration", "gpu:Sometimes"], "invalid --toleration 'gpu:Sometimes'"),
+        (["--node-selector", "pool"], "invalid --node-selector 'pool'"),
+        (["--with-priority-class", "--priority-class", "other"], "--with-priority-class creates"),
+    ],
+)
+def test_bad_flags_give_one_clear_error(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "k8s", "render", "--image", IMAGE, *flags, *COMMAND)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("elastic-run k8s render: error: ")
+    assert message in lines[0]
+
+
+def test_no_training_command_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "k8s", "render", "--image", IMAGE)
+    assert (code, out) == (2, "")
+    assert "no training command: give it after `--`" in err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--etcd", "e:2379", "--with-etcd"],
+        ["--priority-class", "x", "--no-priority-class"],
+        ["--workers", "two"],
+    ],
+)
+def test_conflicting_or_malformed_flags_are_refused_by_the_parser(
+    capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["k8s", "render", "--image", IMAGE, *flags, *COMMAND])
+    assert exited.value.code == 2
+    assert "error: argument" in capsys.readouterr().err
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+def test_submit_creates_every_object_render_prints(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
+    assert (code, err) == (0, ""), err
+    spec = r.JobSpec(
+        image=IMAGE,
+        command=tuple(COMMAND[1:]),
+        namespace=NS,
+        job_id="demo",
+        with_etcd=True,
+        with_priority_class=True,
+    )
+    for manifest in r.render(spec):
+        kind = KINDS[manifest["kind"]]
+        namespace = manifest["metadata"].get("namespace")
+        stored = kube.get(kind, manifest["metadata"]["name"], namespace)
+        assert stored is not None, manifest["metadata"]["name"]
+        for field in set(manifest) - {"metadata", "apiVersion", "kind"}:
+            assert stored[field] == manifest[field], (manifest["kind"], field)
+        assert stored["metadata"]["labels"] == manifest["metadata"]["labels"]
+        assert f"{manifest['kind']}/{manifest['metadata']['name']}: created" in out
+    assert "elastic-run k8s status --namespace ml --job-id demo" in out
+
+
+def test_a_second_submit_of_the_same_job_is_refused_before_anything_changes(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, fake: FakeKube
+) -> None:
+    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    writes_before = [req for req in fake.requests if req[0] != "GET"]
+    code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
+    assert (code, out) == (2, "")
+    assert "job 'demo' already exists in namespace 'ml'" in err
+    assert "elastic-run k8s delete --namespace ml --job-id demo" in err
+    assert [req for req in fake.requests if req[0] != "GET"] == writes_before
+
+
+def test_submit_replaces_what_a_deleted_job_left_and_keeps_shared_objects(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    kube.delete(KINDS["Job"], "demo-launcher", NS)
+    code, out, err = submit(
+        capsys, kubeconfig, "--with-etcd", "--with-priority-class", "--cpu", "3"
+    )
+    assert (code, err) == (0, "")
+    assert "ConfigMap/demo-worker-template: replaced" in out
+    assert "StatefulSet/elastic-allreduce-etcd: exists, kept" in out
+    assert "PriorityClass/elastic-allreduce-preemptible: exists, kept" in out
+    assert "Job/demo-launcher: created" in out
+    config_map = kube.get(KINDS["ConfigMap"], "demo-worker-template", NS)
+    assert config_map is not None
+    template = yaml.safe_load(config_map["data"][r.TEMPLATE_KEY])
+    assert template["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "3"
+
+
+def test_submit_without_an_etcd_in_the_namespace_says_how_to_get_one(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, fake: FakeKube
+) -> None:
+    code, _, err = submit(capsys, kubeconfig, "--no-priority-class")
+    assert code == 2
+    assert "namespace 'ml' has no etcd (Service elastic-allreduce-etcd not found)" in err
+    assert "--with-etcd" in err
+    assert [req for req in fake.requests if req[0] != "GET"] == []
+
+
+def test_submit_needs_the_priority_class_to_exist(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    code, _, err = submit(capsys, kubeconfig, "--with-etcd")
+    assert code == 2
+    assert "PriorityClass 'elastic-allreduce-preemptible' does not exist" in err
+    assert names(kube, "Job") == set()
+    assert submit(capsys, kubeconfig, "--with-etcd", "--no-priority-class")[0] == 0
+    config_map = kube.get(KINDS["ConfigMap"], "demo-worker-template", NS)
+    assert config_map is not None
+    assert "priorityClassName" not in yaml.safe_load(config_map["data"][r.TEMPLATE_KEY])["spec"]
+
+
+def test_submit_to_a_missing_namespace_says_to_create_it(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str
+) -> None:
+    code, _, err = run(
+        capsys,
+        "k8s",
+        "submit",
+        "--kubeconfig",
+        kubeconfig,
+        "--image",
+        IMAGE,
+        "--namespace",
+        "nope",
+        "--job-id",
+        "demo",
+        "--etcd",
+        "etcd.infra:2379",
+        "--no-priority-class",
+        *COMMAND,
+    )
+    assert code == 2
+    assert "namespace 'nope' does not exist: create it (`kubectl create namespace nope`)" in err
+
+
+def test_a_forbidden_verb_is_a_clear_rbac_error_with_exit_code_2(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, fake: FakeKube
+) -> None:
+    fake.deny("create", "roles")
+    code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
+    assert code == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith(
+        "elastic-run k8s submit: error: forbidden: the Kubernetes API refused to create roles "
+        "in namespace 'ml': roles is forbidden: User"
+    )
+    assert "allows create on roles in namespace 'ml'" in line
+    assert "ServiceAccount/demo-launcher: created" in out
+
+
+def test_an_unchecked_prerequisite_is_a_warning_not_an_error(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str
+) -> None:
+    # Submitters without cluster-wide rights often cannot read PriorityClasses.
+    with FakeKube(namespaces=(NS,)) as other:
+        other.deny("get", "priorityclasses")
+        config = write_kubeconfig(Path(kubeconfig).with_name("other"), other.url)
+        code, _, err = submit(capsys, str(config), "--with-etcd")
+    assert code == 0
+    assert "warning: not checked: forbidden" in err
+
+
+# -- status and delete -------------------------------------------------------------------------
+
+
+def add_pod(kube: Kube, name: str, role: str, phase: str, **status: Any) -> None:
+    labels = {**r.job_labels("demo"), r.ROLE_LABEL: role}
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": IMAGE}], "nodeName": "node-1"},
+        }
+    )
+    stored = kube.get(KINDS["Pod"], name, NS)
+    assert stored is not None
+    stored["status"] = {"phase": phase, "podIP": "10.0.0.7", **status}
+    kube.request("PUT", KINDS["Pod"], NS, f"{name}/status", body=stored)
+
+
+def test_status_shows_the_launcher_and_the_workers(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    add_pod(kube, "demo-launcher-x1", "launcher", "Running")
+    add_pod(kube, "demo-worker-1", "worker", "Running")
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+    }
+    add_pod(kube, "demo-worker-2", "worker", "Pending", conditions=[unschedulable])
+    code, out, err = run(
+        capsys, "k8s", "status", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
+    )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "job demo in namespace ml: starting"
+    assert "launcher" in lines[1] and "demo-launcher-x1" in lines[1] and "Running" in lines[1]
+    assert "demo-worker-1" in lines[2] and "Running" in lines[2] and "10.0.0.7" in lines[2]
+    assert "demo-worker-2" in lines[3] and "Insufficient nvidia.com/gpu" in lines[3]
+    assert lines[-1] == "workers: 1 pending, 1 running"
+
+
+def test_status_of_a_finished_job(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    job = kube.get(KINDS["Job"], "demo-launcher", NS)
+    assert job is not None
+    job["status"] = {
+        "failed": 1,
+        "conditions": [
+            {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"},
+        ],
+    }
+    kube.request("PUT", KINDS["Job"], NS, "demo-launcher/status", body=job)
+    code, out, _ = run(
+        capsys, "k8s", "status", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
+    )
+    assert code == 0
+    assert out.splitlines()[0] == "job demo in namespace ml: failed: BackoffLimitExceeded"
+
+
+def test_status_of_an_unknown_job_is_an_error(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str
+) -> None:
+    code, out, err = run(
+        capsys, "k8s", "status", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "ghost"
+    )
+    assert (code, out) == (2, "")
+    assert "no job 'ghost' in namespace 'ml'" in err
+
+
+def test_delete_removes_the_jobs_objects_and_pods_and_keeps_etcd(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    add_pod(kube, "demo-worker-1", "worker", "Running")
+    other = r.JobSpec(image=IMAGE, command=("python", "x.py"), namespace=NS, job_id="other")
+    for manifest in r.render(other):
+        kube.create(manifest)
+    code, out, err = run(
+        capsys, "k8s", "delete", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
+    )
+    assert (code, err) == (0, ""), err
+    assert "Pod/demo-worker-1: deleted" in out
+    selector = r.job_selector("demo")
+    for kind in (*JOB_KINDS, "Pod"):
+        remaining = kube.list(KINDS[kind], NS, selector)
+        # A pod with a grace period is Terminating until its kubelet confirms; none runs here.
+        assert [o["metadata"]["name"] for o in remaining if kind != "Pod"] == []
+    assert names(kube, "StatefulSet") == {"elastic-allreduce-etcd"}
+    assert names(kube, "Service") == {"elastic-allreduce-etcd", "elastic-allreduce-etcd-peer"}
+    assert names(kube, "Job") == {"other-launcher"}
+    code, _, err = run(
+        capsys, "k8s", "delete", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
+    )
+    assert code == 2
+    assert "nothing to delete: no objects labelled elastic-allreduce/job=demo" in err
+
+
+def test_delete_needs_a_job_id(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["k8s", "delete", "--namespace", NS])
+    assert exited.value.code == 2
+    assert "--job-id" in capsys.readouterr().err
+
+
+# -- no cluster ----------------------------------------------------------------------------------
+
+
+def test_an_unreachable_cluster_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}")
+    code, out, err = run(
+        capsys, "k8s", "status", "--kubeconfig", str(config), "--namespace", NS, "--job-id", "x"
+    )
+    assert (code, out) == (2, "")
+    assert f"cannot reach the Kubernetes API at http://127.0.0.1:{port} to get jobs" in err
+    assert "kubectl cluster-info" in err
+
+
+def test_no_cluster_configuration_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    code, _, err = run(capsys, "k8s", "delete", "--namespace", NS, "--job-id", "x")
+    assert code == 2
+    assert f"no usable Kubernetes cluster configuration in {tmp_path / 'missing'}" in err
+    assert "Point --kubeconfig or KUBECONFIG at a kubeconfig file" in err
+
+
+def test_inside_a_pod_without_a_service_account_token_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    code, _, err = run(capsys, "k8s", "status", "--namespace", NS, "--job-id", "x")
+    assert code == 2
+    assert "inside a pod, but its service account cannot be used" in err
