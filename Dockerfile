@@ -1,0 +1,48 @@
+# elastic-allreduce for clusters without GPUs: TensorFlow 2.15.1 (CPU build), Horovod 0.28.1
+# built with Gloo, and this package. The GPU image is ./Dockerfile.gpu.
+#
+#   docker build -t elastic-allreduce:0.1.0 .
+#
+# Lint: hadolint (tests/test_dockerfiles.py).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# -- build: TensorFlow, then Horovod compiled against it (cmake, g++) --------------------------
+FROM ${PYTHON_IMAGE} AS build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ make cmake \
+    && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY constraints.txt ./
+# The versions of every package come from constraints.txt, as `make setup` installs them.
+RUN pip install --no-cache-dir -c constraints.txt pip setuptools wheel \
+    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.15.1 \
+        etcd3gw kubernetes cloudpickle psutil pyyaml packaging cffi scikit-learn
+RUN HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
+    MAKEFLAGS="-j$(nproc)" \
+    pip install --no-cache-dir --no-build-isolation -c constraints.txt horovod==0.28.1 \
+    && python -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built(), "no Gloo"'
+COPY pyproject.toml README.md ./
+COPY elastic_allreduce ./elastic_allreduce
+COPY launcher ./launcher
+RUN pip install --no-cache-dir --no-build-isolation --no-deps . \
+    && elastic-run --version
+
+# -- runtime: Python and the virtual environment -------------------------------------------------
+FROM ${PYTHON_IMAGE}
+RUN useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin elastic
+COPY --from=build /opt/venv /opt/venv
+COPY examples /opt/elastic-allreduce/examples
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /home/elastic
+# A numeric user, so that Kubernetes can check runAsNonRoot.
+USER 1000:1000
+ENTRYPOINT ["elastic-run"]
+CMD ["--help"]
