@@ -229,6 +229,7 @@ class Launcher:
             scale_target=scale_target,
             pending_nodes=nodes.pending,
             disrupted_nodes=nodes.disrupted,
+            dead_nodes=nodes.dead,
         )
 
     def _execute(self, decision: Decision) -> JobResult | None:

@@ -241,6 +241,9 @@ class JobView:
     #: Nodes lost without being asked to stop, and why (Kubernetes: a pod that failed, was
     #: evicted, preempted or deleted by someone else). Cumulative; the policy handles each once.
     disrupted_nodes: Mapping[str, str] = field(default_factory=dict)
+    #: Nodes whose processes are known gone (Kubernetes: a Failed pod) while their leases in
+    #: the store have not expired yet: their slots are not waited for.
+    dead_nodes: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -279,6 +282,8 @@ class RingPolicy:
     voluntary_leaves: set[str] = field(default_factory=set)
     disrupted_handled: set[str] = field(default_factory=set)
     scale_request: int | None = None
+    #: Slots of the last epoch that ran: they hold the committed state (after its sync).
+    holders: set[str] = field(default_factory=set)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -369,7 +374,9 @@ class RingPolicy:
             (
                 m
                 for m in view.members.values()
-                if not m.leaving and m.node not in self.stopping_nodes
+                if not m.leaving
+                and m.node not in self.stopping_nodes
+                and m.node not in self.disrupted_handled
             ),
             key=lambda m: m.registered,
         )
@@ -420,6 +427,13 @@ class RingPolicy:
     def _track_nodes(self, view: JobView) -> list[Decision]:
         """Note registered, late and lost nodes (a lost node is replaced while restarts last)."""
         decisions: list[Decision] = []
+        for node in sorted(set(view.members) - self.seen_nodes - set(self.requested_nodes)):
+            # Not started by us: `elastic-run join` asks for one more node, within the maximum.
+            if self.target_workers < self.settings.max_workers:
+                self.target_workers += 1
+                decisions.append(
+                    Log(f"node {node} joined by itself; the job now wants {self.target_workers}")
+                )
         self.seen_nodes |= set(view.members)
         for node in view.pending_nodes & set(self.requested_nodes):
             # The start timeout runs from when the cluster places the node, not while it waits.
@@ -503,9 +517,11 @@ class RingPolicy:
     # -- membership --------------------------------------------------------------------------
 
     def _usable(self, slot: str, view: JobView) -> bool:
-        member = view.members.get(split_slot(slot)[0])
+        node = split_slot(slot)[0]
+        member = view.members.get(node)
         return (
             member is not None
+            and node not in view.dead_nodes
             and not member.leaving
             and slot not in self.abandoned
             and slot not in self.finished
@@ -541,6 +557,11 @@ class RingPolicy:
     def _plan_membership(self, view: JobView) -> list[Decision]:
         ring = self.ring
         survivors = self._survivors(view)
+        if ring is not None and not set(survivors) & self.holders:
+            # Every holder of the committed state is leaving: they stay in the ring until a
+            # newcomer has synced it from them (an epoch has run with both), or it is lost.
+            keep = tuple(s for s in ring.slots if s in self.holders and self._left(s, view))
+            survivors = keep + tuple(s for s in survivors if s not in keep)
         candidates = {s: view.procs[s].registered for s in survivors}
         for slot, kind in view.waiting.items():
             if kind == "fresh" and slot in view.procs and self._usable(slot, view):
@@ -669,6 +690,7 @@ class RingPolicy:
                 decisions.append(WriteRing(self.ring))
             return decisions
         self.ring = replace(ring, state=RingState.RUNNING, waiting=())
+        self.holders = set(ring.slots)
         took = view.now - self.epoch_since
         ranks = ", ".join(f"{rank}={slot}" for rank, slot in enumerate(ring.slots))
         decisions += [

@@ -27,6 +27,9 @@ class NodeStates:
     pending: frozenset[str] = frozenset()
     #: Nodes lost without a stop_node(), and why; cumulative over the provisioner's life.
     disrupted: Mapping[str, str] = field(default_factory=dict)
+    #: Nodes whose processes are known to be gone (a failed, finished or deleted pod), before
+    #: their leases in the store expire.
+    dead: frozenset[str] = frozenset()
 
 
 class Provisioner(abc.ABC):

@@ -236,6 +236,9 @@ class KubernetesProvisioner(Provisioner):
                     n for n, s in self._pods.items() if s.unschedulable and not s.gone
                 ),
                 disrupted={n: s.disruption for n, s in self._pods.items() if s.disruption},
+                dead=frozenset(
+                    n for n, s in self._pods.items() if s.gone or s.phase in ("Failed", "Succeeded")
+                ),
             )
 
     def subscribe(self, changed: Callable[[], None]) -> None:
