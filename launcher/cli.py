@@ -20,6 +20,8 @@ from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
 from elastic_allreduce.store.api import validate_job_id
 from launcher.agent import Agent, AgentSettings, python_script_args
 from launcher.k8s import cli as k8s_cli
+from launcher.k8s_run import KubernetesMode
+from launcher.k8s_run import run_job as run_in_kubernetes
 from launcher.launcher import Launcher, LaunchSettings
 from launcher.policy import JobSettings
 from launcher.provisioners.local import LocalProvisioner
@@ -100,6 +102,32 @@ def _build_parser() -> argparse.ArgumentParser:
         default=60.0,
         metavar="S",
         help="seconds the job may have fewer than --min-workers before it fails (default 60)",
+    )
+    kube = run.add_argument_group(
+        "Kubernetes mode",
+        "the launcher runs in a pod and starts each worker node as a pod of --worker-template; "
+        f"it reads its pod from ${env.POD_NAME}, ${env.POD_UID} and ${env.POD_IP}",
+    )
+    kube.add_argument(
+        "--kubernetes", action="store_true", help="start worker nodes as Kubernetes pods"
+    )
+    kube.add_argument(
+        "--worker-template",
+        metavar="FILE",
+        help="Pod manifest (YAML/JSON) of a worker; its first container runs `elastic-run join`",
+    )
+    kube.add_argument(
+        "--namespace",
+        metavar="NS",
+        help=f"namespace of the worker pods (default: ${env.NAMESPACE}, else default)",
+    )
+    kube.add_argument(
+        "--kube-api",
+        metavar="URL",
+        help=f"Kubernetes API URL (default: ${env.KUBE_API}, else in-cluster or kubeconfig)",
+    )
+    kube.add_argument(
+        "--gpus-per-node", type=int, metavar="N", help="nvidia.com/gpu limit of each worker pod"
     )
     run.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
 
@@ -350,7 +378,20 @@ def _run_job(args: argparse.Namespace) -> int:
         raise ConfigError("--nproc-per-node must be at least 1 and --max-restarts at least 0")
     if not command:
         raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
-    python_script_args(command)
+    kube_mode = None
+    if args.kubernetes:
+        # The script lives in the workers' image; this pod need not have it.
+        kube_mode = KubernetesMode.from_environment(
+            args.worker_template, args.namespace, args.kube_api, args.gpus_per_node
+        )
+        args.etcd = args.etcd or os.environ.get(env.ETCD_ENDPOINTS)
+        if not args.etcd:
+            raise ConfigError(
+                "--kubernetes needs an etcd that worker pods can reach: pass --etcd HOST:PORT "
+                f"or set {env.ETCD_ENDPOINTS} (k8s/ deploys one)"
+            )
+    else:
+        python_script_args(command)
     job_id = args.job_id or f"job-{int(time.time()) % 100000}-{os.getpid() % 1000}"
     validate_job_id(job_id)
     logging.getLogger().setLevel(logging.INFO)
@@ -381,12 +422,16 @@ def _run_job(args: argparse.Namespace) -> int:
             nproc_per_node=args.nproc_per_node,
             command=tuple(command),
             checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
+            host=kube_mode.pod_ip if kube_mode else "127.0.0.1",
         )
-        launcher = Launcher(
-            LaunchSettings(workers, settings, template),
-            LocalProvisioner(template),
-        )
-        result = launcher.run()
+        if kube_mode is not None:
+            result = run_in_kubernetes(LaunchSettings(workers, settings, template), kube_mode)
+        else:
+            launcher = Launcher(
+                LaunchSettings(workers, settings, template),
+                LocalProvisioner(template),
+            )
+            result = launcher.run()
     print(
         f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "
         f"{result.reason}",
