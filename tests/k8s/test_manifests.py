@@ -474,3 +474,53 @@ def test_render_output_validates(name: str) -> None:
         assert template["spec"]["nodeSelector"] == dict(spec.node_selector)
         assert len(template["spec"]["tolerations"]) == 2
         assert one(objects, "StatefulSet")["spec"]["replicas"] == 5
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_elastic_run_accepts_the_launchers_command_line(overlay: str) -> None:
+    from launcher.cli import _build_parser  # noqa: PLC0415
+
+    args = launcher_container(build(overlay))["args"]
+    expanded = [a.replace("$(ELASTIC_ALLREDUCE_NAMESPACE)", NAMESPACES[overlay]) for a in args]
+    parsed = _build_parser().parse_args(expanded)
+    assert parsed.command == "run"
+    assert parsed.kubernetes is True
+    assert parsed.worker_template == f"{r.TEMPLATE_DIR}/{r.TEMPLATE_KEY}"
+    assert parsed.namespace == NAMESPACES[overlay]
+    assert parsed.etcd == "elastic-allreduce-etcd:2379"
+    assert parsed.job_id == "elastic-job"
+    assert parsed.min_workers <= parsed.workers <= parsed.max_workers
+    assert parsed.command_args == args[args.index("--") :]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_worker_pods_made_from_the_template_validate(overlay: str) -> None:
+    import kubernetes  # noqa: PLC0415
+
+    from launcher.provisioners.kubernetes import (  # noqa: PLC0415
+        KubernetesProvisioner,
+        KubernetesSettings,
+    )
+
+    objects = build(overlay)
+    settings = KubernetesSettings(
+        namespace=NAMESPACES[overlay],
+        job_id="elastic-job",
+        etcd="elastic-allreduce-etcd:2379",
+        worker_template=worker_template(objects),
+        launcher_pod_name="elastic-job-launcher-abcde",
+        launcher_pod_uid="6b1c3c1e-0000-4000-8000-000000000000",
+    )
+    with kubernetes.client.ApiClient() as api:
+        pod = KubernetesProvisioner(settings, api).worker_pod("elastic-job-worker-0")
+    validate(pod)
+    assert pod["metadata"]["labels"] == worker_template(objects)["metadata"]["labels"]
+    [container] = pod["spec"]["containers"]
+    env = {e["name"] for e in container["env"]}
+    assert {
+        "ELASTIC_ALLREDUCE_GLOO_IFACE",
+        "ELASTIC_ALLREDUCE_ETCD",
+        "ELASTIC_ALLREDUCE_JOB_ID",
+        "ELASTIC_ALLREDUCE_NODE_ID",
+        "ELASTIC_ALLREDUCE_HOST",
+    } <= env
