@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import kubernetes
+import pydantic
 import urllib3
 
 from elastic_allreduce import env
@@ -128,6 +129,10 @@ def _status_message(exc: kubernetes.client.exceptions.ApiException) -> str:
 CONNECTION_ERRORS: Final = (urllib3.exceptions.HTTPError, OSError)
 
 
+class _WatchExpiredError(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
 def describe_loss(pod: Pod, deleted: bool) -> str:
     """Why a pod was lost, in words (evicted, preempted, failed with an exit code, deleted)."""
     status = pod.get("status") or {}
@@ -172,7 +177,8 @@ class KubernetesProvisioner(Provisioner):
         self._listeners: list[Callable[[], None]] = []
         self._resource_version: str | None = None
         self._stop = threading.Event()
-        self._watch: kubernetes.watch.Watch | None = None
+        #: The open watch response (shut down by close() to end the watch at once).
+        self._response: Any = None
         self._watcher: threading.Thread | None = None
         self._closed = False
         #: The last error of the watch thread (for logs and tests); None after a success.
@@ -223,9 +229,10 @@ class KubernetesProvisioner(Provisioner):
                 )
         finally:
             self._stop.set()
-            watch = self._watch
-            if watch is not None:
-                watch.stop()  # type: ignore[no-untyped-call]
+            with self._lock:
+                response = self._response
+            if response is not None:
+                response.shutdown()
             if self._watcher is not None:
                 self._watcher.join(timeout=10)
 
@@ -290,6 +297,12 @@ class KubernetesProvisioner(Provisioner):
             resources = container.setdefault("resources", {})
             resources.setdefault("limits", {})[GPU_RESOURCE] = settings.gpus_per_node
             resources.setdefault("requests", {})[GPU_RESOURCE] = settings.gpus_per_node
+        for item in [*(spec.get("initContainers") or []), *spec["containers"]]:
+            # Quantities are strings in the API's schema (YAML gives `nvidia.com/gpu: 1` as int).
+            for part in ("limits", "requests"):
+                amounts = (item.get("resources") or {}).get(part)
+                if isinstance(amounts, dict):
+                    amounts.update({k: str(v) for k, v in amounts.items()})
         return pod
 
     def _create_pod(self) -> str:
@@ -303,6 +316,13 @@ class KubernetesProvisioner(Provisioner):
                 self._pods[name] = _PodState(name, created_here=True)
             try:
                 self._core.create_namespaced_pod(settings.namespace, self.worker_pod(name))
+            except pydantic.ValidationError as exc:
+                with self._lock:
+                    del self._pods[name]
+                raise ConfigError(
+                    f"the worker template is not a valid Pod manifest: {exc}; fix the fields "
+                    "named above (`kubectl apply --dry-run=server -f FILE` checks a manifest)"
+                ) from exc
             except kubernetes.client.exceptions.ApiException as exc:
                 with self._lock:
                     del self._pods[name]
@@ -399,57 +419,82 @@ class KubernetesProvisioner(Provisioner):
             try:
                 if self._resource_version is None:
                     self._relist()
-                watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
-                self._watch = watch
-                for event in watch.stream(  # type: ignore[no-untyped-call]
-                    self._core.list_namespaced_pod,
-                    settings.namespace,
-                    label_selector=settings.selector,
-                    resource_version=self._resource_version,
-                    timeout_seconds=settings.watch_timeout,
-                ):
-                    pod = event["raw_object"]
-                    metadata = pod.get("metadata") or {}
-                    with self._lock:
-                        self._observe_locked(
-                            metadata.get("name", ""), pod, deleted=event["type"] == "DELETED"
-                        )
-                        self._resource_version = metadata.get("resourceVersion")
-                    self._notify()
-                    if self._stop.is_set():
-                        break
+                self._watch_once()
                 self.watch_error = None
                 backoff = 0.5
+                continue
+            except _WatchExpiredError as exc:
+                log.info("[%s] pod watch expired (%s); re-listing", settings.job_id, exc)
+                self._resource_version = None
+                continue
             except kubernetes.client.exceptions.ApiException as exc:
-                if exc.status == 410:
-                    log.info(
-                        "[%s] pod watch expired (410 Gone at resourceVersion %s); re-listing",
-                        settings.job_id,
-                        self._resource_version,
-                    )
-                    self._resource_version = None
-                    continue
-                self._watch_failed(api_error(exc, "watch", "pods", settings.namespace))
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+                error = api_error(exc, "watch", "pods", settings.namespace)
             except KubernetesApiError as exc:
-                self._watch_failed(exc)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-            except CONNECTION_ERRORS as exc:
-                if self._stop.is_set():
-                    return
-                self._watch_failed(api_error(exc, "watch", "pods", settings.namespace))
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-            finally:
-                self._watch = None
+                error = exc
+            except (*CONNECTION_ERRORS, ValueError) as exc:
+                error = api_error(exc, "watch", "pods", settings.namespace)
+            if self._stop.is_set():
+                return
+            self.watch_error = error
+            log.warning("[%s] pod watch failed, retrying: %s", settings.job_id, error)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
 
-    def _watch_failed(self, error: KubernetesApiError) -> None:
-        if self._stop.is_set():
-            return
-        self.watch_error = error
-        log.warning("[%s] pod watch failed, retrying: %s", self.settings.job_id, error)
+    def _watch_once(self) -> None:
+        """One watch request from the last resourceVersion, until the server ends it.
+
+        The stream is read as JSON lines (no model classes): ADDED/MODIFIED/DELETED update the
+        pods, BOOKMARK only the resourceVersion, an ERROR with code 410 means the version is
+        too old (re-list), any other ERROR is a failure.
+        """
+        settings = self.settings
+        response = self._core.list_namespaced_pod(
+            settings.namespace,
+            label_selector=settings.selector,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=self._resource_version,
+            timeout_seconds=settings.watch_timeout,
+            _preload_content=False,
+        )
+        with self._lock:
+            self._response = response
+        try:
+            if self._stop.is_set():
+                return
+            pending = b""
+            for chunk in response.stream(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self._on_watch_event(json.loads(line))
+        finally:
+            with self._lock:
+                self._response = None
+            response.release_conn()
+
+    def _on_watch_event(self, event: object) -> None:
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            raise ValueError(f"malformed watch event: {event!r:.200}")
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _WatchExpiredError(str(obj.get("message") or "410 Gone"))
+            raise KubernetesApiError(
+                f"the pod watch in namespace {self.settings.namespace!r} failed: "
+                f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}",
+                obj.get("code") if isinstance(obj.get("code"), int) else None,
+            )
+        metadata = obj.get("metadata") or {}
+        with self._lock:
+            if kind != "BOOKMARK":
+                self._observe_locked(str(metadata.get("name", "")), obj, deleted=kind == "DELETED")
+            if metadata.get("resourceVersion"):
+                self._resource_version = str(metadata["resourceVersion"])
+        if kind != "BOOKMARK":
+            self._notify()
 
     def _observe_locked(self, name: str, pod: Pod, *, deleted: bool) -> None:
         state = self._pods.get(name)
