@@ -405,9 +405,8 @@ class RingPolicy:
                 self.voluntary_leaves.discard(node)
                 self.target_workers += 1
             epoch = self.ring.epoch if self.ring else 0
-            slots = tuple(
-                s for s in (self.ring.slots if self.ring else ()) if split_slot(s)[0] == node
-            )
+            known = {*view.procs, *(self.ring.slots if self.ring else ())}
+            slots = tuple(sorted(s for s in known if split_slot(s)[0] == node))
             if self.phase is not Phase.RUNNING:
                 decisions.append(Log(f"node {node} was lost: {reason}"))
                 continue
