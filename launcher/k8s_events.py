@@ -108,26 +108,30 @@ class EventRecorder:
         try:
             self._core.create_namespaced_event(self.namespace, self.event(change))
             self.recorded += 1
-            if change.kind is ChangeKind.REFORMED:
-                ranks = ",".join(change.slots)
-                self._core.patch_namespaced_pod(
-                    self.pod_name,
-                    self.namespace,
-                    {
-                        "metadata": {
-                            "annotations": {
-                                RING_ANNOTATION: f"epoch {change.epoch}: {len(change.slots)} "
-                                f"ranks [{ranks}]"
-                            }
-                        }
-                    },
-                )
         except kubernetes.client.exceptions.ApiException as exc:
             self._warn(
-                f"http-{exc.status}",
+                f"event-{exc.status}",
                 f"cannot record the {change.kind.value} event on pod {self.pod_name} "
                 f"({exc.status} {exc.reason}); the job goes on without Events. A 403 means the "
-                "launcher's Role lacks create on events (or patch on pods): apply k8s/",
+                "launcher's Role lacks create on events: apply k8s/",
+            )
+        except CONNECTION_ERRORS as exc:
+            self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
+        if change.kind is ChangeKind.REFORMED:
+            self._annotate(change)
+
+    def _annotate(self, change: MembershipChange) -> None:
+        """The current ring as an annotation of the launcher's pod (its status at a glance)."""
+        ring = f"epoch {change.epoch}: {len(change.slots)} ranks [{','.join(change.slots)}]"
+        patch = {"metadata": {"annotations": {RING_ANNOTATION: ring}}}
+        try:
+            self._core.patch_namespaced_pod(self.pod_name, self.namespace, patch)
+        except kubernetes.client.exceptions.ApiException as exc:
+            self._warn(
+                f"patch-{exc.status}",
+                f"cannot set the {RING_ANNOTATION} annotation on pod {self.pod_name} "
+                f"({exc.status} {exc.reason}); a 403 means the launcher's Role lacks patch on "
+                "pods (only this annotation needs it)",
             )
         except CONNECTION_ERRORS as exc:
             self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
