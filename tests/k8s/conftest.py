@@ -110,10 +110,3 @@ def store_view(job_store: EtcdStore) -> Iterator[StoreView]:
 def fake_kube() -> Iterator[FakeKube]:
     with FakeKube() as kube:
         yield kube
-
-
-@pytest.fixture
-def cluster() -> Iterator[FakeKube]:
-    """A fake whose pods run as local processes (unlimited capacity)."""
-    with FakeKube(run_pods=True) as kube:
-        yield kube
