@@ -19,39 +19,36 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import Counter, deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
+
+from bench.jobs import (
+    STARTUP_LIMIT_S,
+    BenchError,
+    HorovodRunJob,
+    first_steps,
+    log,
+    step_rate,
+    summarize,
+)
 
 WORKLOAD = Path(__file__).resolve().parent / "scripts" / "hvd_steps.py"
 MANY_STEPS = 1_000_000_000  # never reached within a trial
 WARMUP_STEPS = 20  # steps each rank must print before measuring
-WARMUP_SECONDS = 5.0  # throughput: also skip this long after rank 0's first step
-STARTUP_LIMIT_S = 180.0  # TensorFlow imports of several workers on few cores are slow
 RECOVERY_LIMIT_S = 90.0
 TAG_VAR = "HVD_BASELINE_TAG"  # marks every process of one job, for the clean-up
-_PREFIX = re.compile(r"\[(\d+)\]<stdout>:")
 _HOST_NAME = re.compile(r"^[\w.-]+$")  # what horovod's host parsing accepts
 _SHELLS = frozenset({"sh", "bash", "dash", "env"})
-
-
-def _log(message: str) -> None:
-    print(f"[horovodrun-baseline] {message}", file=sys.stderr, flush=True)
 
 
 def _horovodrun() -> str:
@@ -106,116 +103,24 @@ def local_host_aliases() -> list[str]:
     return aliases
 
 
-@dataclass(frozen=True)
-class _Step:
-    arrived: float  # time.monotonic() when horovodrun's line reached us
-    index: int | None  # horovodrun's "[i]" prefix (the rank at launch)
-    step: int
-    size: int
-    rank: int
+class _TaggedHorovodRun(HorovodRunJob):
+    """A ``horovodrun`` job whose every process carries ``TAG_VAR`` in its environment.
 
-
-def _parse_step(line: str, arrived: float) -> _Step | None:
-    """The step record in one line of horovodrun's output, if it holds one."""
-    start = line.find('{"event"')
-    if start < 0:
-        return None
-    try:
-        record = json.loads(line[start:])
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or record.get("event") != "step":
-        return None
-    prefix = _PREFIX.search(line[:start])
-    try:
-        return _Step(
-            arrived=arrived,
-            index=int(prefix.group(1)) if prefix else None,
-            step=int(record["step"]),
-            size=int(record["size"]),
-            rank=int(record["rank"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-class _HorovodRunJob:
-    """One ``horovodrun`` process; its output is parsed by a reader thread.
-
-    Use as a context manager: leaving it kills the launcher and every process it started.
+    horovodrun starts workers in process groups of their own: the tag finds them all, for the
+    victim's pid and for the clean-up.
     """
 
     def __init__(self, args: Sequence[str], extra_env: dict[str, str] | None = None) -> None:
         self.tag = uuid.uuid4().hex
-        env = {**os.environ, **(extra_env or {}), TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1"}
-        self.command = [_horovodrun(), *args]
-        self.steps: list[_Step] = []
-        self.counts: Counter[tuple[int, int]] = Counter()  # (rank, size) -> step lines
-        self.tail: deque[str] = deque(maxlen=30)  # last lines that are not step records
-        self.eof = False
-        self._cond = threading.Condition()
-        self._proc = subprocess.Popen(
-            self.command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
+        super().__init__([_horovodrun(), *args], {**(extra_env or {}), TAG_VAR: self.tag})
+
+    def steps_at(self, rank: int, size: int) -> int:
+        """Step records of ``rank`` at ``size`` so far (call under the job's lock)."""
+        return sum(
+            1
+            for r in self.records
+            if r.event == "step" and r.data.get("rank") == rank and r.data.get("size") == size
         )
-        self._reader = threading.Thread(target=self._read, name="horovodrun-stdout", daemon=True)
-        self._reader.start()
-
-    def __enter__(self) -> _HorovodRunJob:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            arrived = time.monotonic()
-            step = _parse_step(line, arrived)
-            with self._cond:
-                if step is None:
-                    self.tail.append(line.rstrip())
-                else:
-                    self.steps.append(step)
-                    self.counts[step.rank, step.size] += 1
-                self._cond.notify_all()
-        with self._cond:
-            self.eof = True
-            self._cond.notify_all()
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``predicate`` (called under the lock) holds; False on timeout or EOF."""
-        with self._cond:
-            return self._cond.wait_for(lambda: predicate() or self.eof, timeout) and predicate()
-
-    def alive_after(self, seconds: float) -> bool:
-        """Wait ``seconds``; True unless the job's output ended meanwhile."""
-        with self._cond:
-            return not self._cond.wait_for(lambda: self.eof, max(0.0, seconds))
-
-    def snapshot(self) -> list[_Step]:
-        """A copy of the step records parsed so far."""
-        with self._cond:
-            return list(self.steps)
-
-    def why(self) -> str:
-        """A short account of the job's state, for log lines."""
-        with self._cond:
-            state = "output ended" if self.eof else "still running"
-            tail = " | ".join(list(self.tail)[-4:])
-        return f"{state}; exit code {self._proc.poll()}; last lines: {tail}"
 
     def worker_pid(self, rank: int) -> int:
         """PID of the Python worker that horovodrun launched with ``HOROVOD_RANK=rank``."""
@@ -228,7 +133,7 @@ class _HorovodRunJob:
             if f"HOROVOD_RANK={rank}" in environ:
                 found.append(pid)
         if len(found) != 1:
-            raise RuntimeError(f"expected one worker process of rank {rank}, found {found}")
+            raise BenchError(f"expected one worker process of rank {rank}, found {found}")
         return found[0]
 
     def stop(self) -> None:
@@ -236,7 +141,7 @@ class _HorovodRunJob:
         own_group = os.getpgrp()
         for _ in range(2):  # a second sweep catches processes spawned during the first
             pids = set(_tagged_pids(self.tag))
-            groups = {self._proc.pid}
+            groups = {self.proc.pid}
             for pid in pids:
                 with contextlib.suppress(OSError):
                     groups.add(os.getpgid(pid))
@@ -246,13 +151,7 @@ class _HorovodRunJob:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            _log(f"horovodrun (pid {self._proc.pid}) did not exit after SIGKILL")
-        self._reader.join(timeout=30)
-        if self._proc.stdout is not None and not self._reader.is_alive():
-            self._proc.stdout.close()
+        super().stop()
 
 
 def _discovery_script(directory: Path, hosts: Sequence[str]) -> Path:
@@ -267,7 +166,7 @@ def _recovery_trial(trial: int, np_: int, gloo_timeout: float | None, params: in
     """One elastic trial: seconds from SIGKILL of a worker until all survivors step again."""
     aliases = local_host_aliases()
     if len(aliases) < np_:
-        raise ValueError(f"need {np_} local host aliases for {np_} workers, found {aliases}")
+        raise BenchError(f"need {np_} local host aliases for {np_} workers, found {aliases}")
     extra_env = {}
     if gloo_timeout is not None:  # horovod reads whole seconds
         extra_env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, math.ceil(gloo_timeout)))
@@ -282,44 +181,32 @@ def _recovery_trial(trial: int, np_: int, gloo_timeout: float | None, params: in
             "--steps", str(MANY_STEPS),
             "--params", str(params),
         ]  # fmt: skip
-        with _HorovodRunJob(args, extra_env) as job:
+        with _TaggedHorovodRun(args, extra_env) as job:
             if trial == 0:
-                _log("elastic: " + " ".join(job.command) + f"  (hosts {aliases[:np_]})")
-            warm = job.wait_for(
-                lambda: all(job.counts[rank, np_] >= WARMUP_STEPS for rank in range(np_)),
-                STARTUP_LIMIT_S,
-            )
-            if not warm:
-                _log(f"trial {trial}: no warm-up at size {np_}: {job.why()}")
-                return None
-            victim = np_ - 1
-            pid = job.worker_pid(victim)
-            mark = len(job.snapshot())
-            killed_at = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            survivors = set(range(np_ - 1))
-            first: dict[int, float] = {}
-
-            def recovered() -> bool:
-                nonlocal mark
-                for step in job.steps[mark:]:
-                    if step.size == np_ - 1 and step.rank in survivors:
-                        first.setdefault(step.rank, step.arrived)
-                mark = len(job.steps)
-                return set(first) == survivors
-
-            if not job.wait_for(recovered, RECOVERY_LIMIT_S):
-                _log(
-                    f"trial {trial}: survivors did not step at size {np_ - 1} within "
-                    f"{RECOVERY_LIMIT_S:.0f} s of killing rank {victim} (pid {pid}); "
-                    f"stepped again: {sorted(first)}; {job.why()}"
+                log("horovodrun elastic: " + " ".join(job.command) + f"  (hosts {aliases[:np_]})")
+            try:
+                job.wait_for(
+                    lambda: all(job.steps_at(rank, np_) >= WARMUP_STEPS for rank in range(np_)),
+                    STARTUP_LIMIT_S,
+                    f"every rank to warm up at size {np_}",
                 )
+                victim = np_ - 1
+                pid = job.worker_pid(victim)
+                killed_at = time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+                first = first_steps(
+                    job,
+                    killed_at,
+                    np_ - 1,
+                    members=set(range(np_ - 1)),
+                    key=lambda r: r.data.get("rank"),
+                    timeout=RECOVERY_LIMIT_S,
+                )
+            except BenchError as exc:
+                log(f"horovodrun trial {trial}: {exc}")
                 return None
             offsets = ", ".join(f"rank {r} +{first[r] - killed_at:.3f} s" for r in sorted(first))
-            _log(
-                f"trial {trial}: killed rank {victim} (pid {pid}); first steps at size "
-                f"{np_ - 1}: {offsets}"
-            )
+            log(f"horovodrun trial {trial}: killed rank {victim} (pid {pid}); {offsets}")
             return max(first.values()) - killed_at
 
 
@@ -334,19 +221,19 @@ def horovodrun_elastic_recovery(
     """
     if np_ < 2:
         raise ValueError("np_ must be at least 2: one worker is killed")
-    results: list[float | None] = []
-    for trial in range(trials):
-        result = _recovery_trial(trial, np_, gloo_timeout, params)
-        _log(f"elastic trial {trial}: " + ("failed" if result is None else f"{result:.3f} s"))
-        results.append(result)
-    return results
+    return [_recovery_trial(trial, np_, gloo_timeout, params) for trial in range(trials)]
 
 
-def horovodrun_static_throughput(seconds: float, np_: int = 2, params: int = 1_000_000) -> float:
+def horovodrun_static_throughput(
+    seconds: float,
+    np_: int = 2,
+    params: int = 1_000_000,
+    env: dict[str, str] | None = None,
+    settle_s: float = 3.0,
+) -> float:
     """Rank-0 steps per second of static ``horovodrun --gloo -np np_ -H localhost:np_``.
 
-    Skips warm-up (the first ``WARMUP_STEPS`` steps and ``WARMUP_SECONDS`` after the first
-    step), then counts rank 0's step lines arriving within the next ``seconds`` seconds.
+    Measured by :func:`bench.jobs.step_rate`, exactly as for ``elastic-run``.
     """
     args = [
         "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
@@ -354,17 +241,9 @@ def horovodrun_static_throughput(seconds: float, np_: int = 2, params: int = 1_0
         "--steps", str(MANY_STEPS),
         "--params", str(params),
     ]  # fmt: skip
-    with _HorovodRunJob(args) as job:
-        _log("static: " + " ".join(job.command))
-        if not job.wait_for(lambda: job.counts[0, np_] >= WARMUP_STEPS, STARTUP_LIMIT_S):
-            raise RuntimeError(f"rank 0 did not warm up: {job.why()}")
-        first = next(s.arrived for s in job.snapshot() if s.rank == 0)
-        start = max(time.monotonic(), first + WARMUP_SECONDS)
-        end = start + seconds
-        if not job.alive_after(end - time.monotonic()):
-            raise RuntimeError(f"job ended during the measurement: {job.why()}")
-        count = sum(1 for s in job.snapshot() if s.rank == 0 and start < s.arrived <= end)
-    return count / seconds
+    with _TaggedHorovodRun(args, env) as job:
+        log("horovodrun static: " + " ".join(job.command))
+        return step_rate(job, seconds, settle_s=settle_s)
 
 
 def main() -> None:
@@ -377,11 +256,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"local host aliases: {local_host_aliases()}", flush=True)
     recovery = horovodrun_elastic_recovery(args.trials, args.np_, args.gloo_timeout)
-    shown = ", ".join("failed" if r is None else f"{r:.3f}" for r in recovery)
-    print(f"horovodrun elastic recovery (np={args.np_}) seconds: [{shown}]", flush=True)
+    print(f"horovodrun elastic recovery (np={args.np_}): {summarize(recovery)}", flush=True)
     rate = horovodrun_static_throughput(args.seconds)
     print(f"horovodrun static throughput (np=2): {rate:.2f} steps/s", flush=True)
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()

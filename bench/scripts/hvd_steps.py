@@ -2,15 +2,17 @@
 
 Each step allreduces the gradients of a small dense model (about --params parameters) and
 prints {"event": "step", "step": S, "size": N, "rank": R} on rank-local stdout; commits every
---commit-every steps. Runs unchanged under `elastic-run`, `horovodrun` (static or elastic).
+--commit-every steps. Also prints {"event": "init"} once hvd.init() returned and {"event":
+"reset"} after every re-initialisation, so a benchmark can tell where a resize spends its time.
+Runs unchanged under `elastic-run`, `horovodrun` (static or elastic).
 """
 
 import argparse
 import json
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
+from dense_workload import dense_model, train_step_fn
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=1000)
@@ -19,25 +21,17 @@ parser.add_argument("--params", type=int, default=1_000_000)
 parser.add_argument("--batch", type=int, default=64)
 args = parser.parse_args()
 
+
+def emit(event, **fields):
+    record = {"event": event, **fields, "size": hvd.size(), "rank": hvd.rank()}
+    print(json.dumps(record), flush=True)
+
+
 hvd.init()
-width = max(8, int((args.params / 2) ** 0.5))
-model = tf.keras.Sequential(
-    [tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(width)]
-)
-model.build((None, width))
+emit("init")
 optimizer = tf.keras.optimizers.SGD(0.001)
-optimizer.build(model.trainable_variables)
-rng = np.random.default_rng(hvd.rank())
-features = tf.constant(rng.normal(size=(args.batch, width)).astype("float32"))
-
-
-@tf.function
-def train_step():
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(features)))
-    tape = hvd.DistributedGradientTape(tape)
-    gradients = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+model, features = dense_model(args.params, args.batch, hvd.rank(), optimizer)
+train_step = train_step_fn(model, optimizer, features, hvd.DistributedGradientTape)
 
 
 @hvd.elastic.run
@@ -45,15 +39,11 @@ def train(state):
     while state.step < args.steps:
         train_step()
         state.step += 1
-        print(
-            json.dumps(
-                {"event": "step", "step": state.step, "size": hvd.size(), "rank": hvd.rank()}
-            ),
-            flush=True,
-        )
+        emit("step", step=state.step)
         if state.step % args.commit_every == 0:
             state.commit()
 
 
 state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
+state.register_reset_callbacks([lambda: emit("reset")])
 train(state)

@@ -1,0 +1,118 @@
+"""Item 1: steady training throughput, elastic-run vs static ``horovodrun --gloo``.
+
+The same script (bench/scripts/hvd_steps.py, ~1 M parameters) at 2 ranks, alternating A/B
+rounds in one run; each round is a fresh job measured the same way (:func:`bench.jobs.step_rate`).
+The ratio is median(elastic-run) / median(horovodrun). The fusion / cycle sweep runs
+elastic-run with Horovod's ``HOROVOD_FUSION_THRESHOLD`` / ``HOROVOD_CYCLE_TIME`` set, also
+alternating with the default settings, and reports each variant relative to the default of the
+same round.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from bench.horovodrun_baseline import MANY_STEPS, WORKLOAD, horovodrun_static_throughput
+from bench.items.context import Context
+from bench.jobs import ElasticRunJob, log, step_rate, summarize
+
+PARAMS = 1_000_000
+#: Horovod settings tried against its defaults (no variable set: what elastic-run runs today).
+#: Quick runs try the first two only.
+VARIANTS: dict[str, dict[str, str]] = {
+    "cycle 5 ms": {"HOROVOD_CYCLE_TIME": "5"},
+    "fusion 4 MiB": {"HOROVOD_FUSION_THRESHOLD": str(4 * 1024 * 1024)},
+    "cycle 0.1 ms": {"HOROVOD_CYCLE_TIME": "0.1"},
+    "no fusion": {"HOROVOD_FUSION_THRESHOLD": "0"},
+}
+
+
+def elastic_run_rate(
+    ctx: Context, seconds: float, env: dict[str, str] | None = None, params: int = PARAMS
+) -> float:
+    """Rank 0's steps per second of ``elastic-run --workers 2`` on the workload."""
+    with ElasticRunJob(
+        ctx.endpoints,
+        ctx.job_id("throughput"),
+        flags=("--workers", "2", "--max-restarts", "0"),
+        script=str(WORKLOAD),
+        script_args=("--steps", str(MANY_STEPS), "--params", str(params)),
+        env=env,
+    ) as job:
+        return step_rate(job, seconds, settle_s=ctx.pick(2.0, 3.0))
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    rounds = ctx.pick(2, 3)
+    seconds = ctx.pick(5.0, 20.0)
+    ours: list[float] = []
+    theirs: list[float] = []
+    for round_ in range(rounds):
+        ours.append(elastic_run_rate(ctx, seconds))
+        theirs.append(
+            horovodrun_static_throughput(seconds, np_=2, params=PARAMS, settle_s=ctx.pick(2.0, 3.0))
+        )
+        log(f"throughput round {round_}: elastic-run {ours[-1]:.2f}, horovodrun {theirs[-1]:.2f}")
+    ratio = statistics.median(ours) / statistics.median(theirs)
+    return {
+        "what": "steps/s of rank 0 at 2 ranks, ~1 M parameters, same script",
+        "params": PARAMS,
+        "rounds": rounds,
+        "seconds_per_round": seconds,
+        "elastic_run": summarize(ours),
+        "horovodrun_static": summarize(theirs),
+        "ratio": ratio,
+        "round_ratios": [a / b for a, b in zip(ours, theirs, strict=True)],
+        "target": 0.97,
+        "met": ratio >= 0.97,
+    }
+
+
+def run_sweep(ctx: Context) -> dict[str, Any]:
+    """elastic-run throughput with each Horovod setting, against the defaults in each round."""
+    names = list(VARIANTS)[: ctx.pick(2, len(VARIANTS))]
+    rounds = ctx.pick(1, 2)
+    seconds = ctx.pick(5.0, 10.0)
+    default: list[float] = []
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    # A quick run compares with the throughput item's elastic-run rounds (same job, window
+    # and settings) instead of measuring the defaults again.
+    earlier = ctx.results.get("throughput", {})
+    reuse = ctx.quick and earlier.get("seconds_per_round") == seconds
+    if reuse:
+        default = [v for v in earlier["elastic_run"]["values"] if v is not None]
+    for round_ in range(rounds):
+        if not reuse:
+            default.append(elastic_run_rate(ctx, seconds))
+        for name in names:
+            rates[name].append(elastic_run_rate(ctx, seconds, VARIANTS[name]))
+        log(
+            f"sweep round {round_}: defaults {default[-1]:.2f}, "
+            + ", ".join(f"{name} {rates[name][-1]:.2f}" for name in names)
+        )
+    base = statistics.median(default)
+    variants = {
+        name: {
+            "env": VARIANTS[name],
+            "steps_per_s": summarize(rates[name]),
+            "vs_default": statistics.median(rates[name]) / base,
+        }
+        for name in names
+    }
+    best = max(variants, key=lambda name: variants[name]["vs_default"])
+    #: A setting "clearly wins" only beyond the round-to-round spread of the default itself.
+    spread = (max(default) - min(default)) / base if len(default) > 1 else 0.0
+    margin = max(0.03, spread)
+    winner = best if variants[best]["vs_default"] > 1 + margin else None
+    return {
+        "what": "elastic-run steps/s at 2 ranks (~1 M parameters) with Horovod settings",
+        "rounds": rounds,
+        "seconds_per_round": seconds,
+        "default": summarize(default),
+        "default_from_throughput_item": reuse,
+        "variants": variants,
+        "best": best,
+        "winner": winner,
+        "winner_margin": margin,
+    }

@@ -1,0 +1,269 @@
+"""Processes the benchmarks start and read: `elastic-run` jobs, `horovodrun` jobs, helpers.
+
+Every job is a process group of its own whose stdout is read line by line by one thread; each
+JSON record a training script prints (``{"event": ...}``) is kept with the monotonic time its
+line reached us. Waiting is always on a condition with a deadline (never a bare sleep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "bench" / "scripts"
+ELASTIC_RUN = str(Path(sys.executable).parent / "elastic-run")
+STARTUP_LIMIT_S = 180.0  # TensorFlow imports of several workers on few cores are slow
+#: The agent's prefix: ``[job eN rR slot] text``.
+_AGENT_LINE = re.compile(r"^\[\S+ e[-\d]+ r[-\d]+ (?P<slot>\S+)\] (?P<text>.*)$")
+#: horovodrun's prefix: ``[i]<stdout>:text``.
+_HOROVODRUN_LINE = re.compile(r"^\[(?P<index>\d+)\]<stdout>:(?P<text>.*)$")
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not be measured (a job did not start, died, or never got there)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One JSON record a training process printed."""
+
+    arrived: float  # time.monotonic() when the line reached the bench
+    source: str  # the slot (elastic-run) or horovodrun's launch index
+    data: dict[str, Any]
+
+    @property
+    def event(self) -> str | None:
+        value = self.data.get("event")
+        return value if isinstance(value, str) else None
+
+
+class LineJob:
+    """A process group whose stdout lines are parsed into :class:`Record` s by a thread.
+
+    A context manager: leaving it kills the whole process group (and reaps the leader).
+    """
+
+    prefix: re.Pattern[str] = _AGENT_LINE
+
+    def __init__(self, command: Sequence[str], env: dict[str, str] | None = None) -> None:
+        self.command = list(command)
+        self.records: list[Record] = []
+        self.tail: deque[str] = deque(maxlen=40)  # last lines that are not records
+        self.eof = False
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, name="job-stdout", daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> LineJob:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def parse(self, line: str, arrived: float) -> Record | None:
+        """The record in one output line, if it holds one."""
+        match = self.prefix.match(line)
+        if match is None:
+            return None
+        text = match.group("text")
+        if not text.startswith("{"):
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        return Record(arrived, match.groupdict().get("slot") or match.group("index"), data)
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            arrived = time.monotonic()
+            line = raw.rstrip("\n")
+            record = self.parse(line, arrived)
+            with self._cond:
+                if record is None:
+                    self.tail.append(line)
+                else:
+                    self.records.append(record)
+                self._cond.notify_all()
+        with self._cond:
+            self.eof = True
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait until ``predicate()`` (called under the lock) holds; BenchError on timeout/EOF."""
+        with self._cond:
+            if self._cond.wait_for(lambda: predicate() or self.eof, timeout) and predicate():
+                return
+        raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}: {self.why()}")
+
+    def wait_seconds(self, seconds: float) -> None:
+        """Let the job run ``seconds`` longer; BenchError if its output ends meanwhile."""
+        with self._cond:
+            if self._cond.wait_for(lambda: self.eof, max(0.0, seconds)):
+                raise BenchError(f"the job ended early: {self.why()}")
+
+    def snapshot(self, event: str | None = None) -> list[Record]:
+        with self._cond:
+            return [r for r in self.records if event is None or r.event == event]
+
+    def finish(self, timeout: float) -> int:
+        """Wait for the job to exit by itself; its exit code."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise BenchError(f"the job did not finish in {timeout:.0f} s: {self.why()}") from exc
+        self._reader.join(timeout=10)
+        return code
+
+    def why(self) -> str:
+        with self._cond:
+            state = "output ended" if self.eof else "still running"
+            tail = " | ".join(list(self.tail)[-10:])
+        return f"{state}; exit code {self.proc.poll()}; last lines: {tail}"
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL what is left after a grace period; reap."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # children that outlived the leader
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._reader.join(timeout=10)
+
+
+class ElasticRunJob(LineJob):
+    """``elastic-run --etcd E --job-id J [FLAGS] -- python SCRIPT ARGS``."""
+
+    def __init__(
+        self,
+        etcd: str,
+        job_id: str,
+        *,
+        flags: Sequence[str],
+        script: str,
+        script_args: Sequence[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        command = [
+            ELASTIC_RUN,
+            *("--etcd", etcd, "--job-id", job_id),
+            *flags,
+            *("--", "python", script, *script_args),
+        ]
+        super().__init__(command, env)
+
+
+class HorovodRunJob(LineJob):
+    """A ``horovodrun`` command; its workers' lines come prefixed ``[i]<stdout>:``."""
+
+    prefix = _HOROVODRUN_LINE
+
+
+def step_rate(job: LineJob, seconds: float, warmup_steps: int = 20, settle_s: float = 3.0) -> float:
+    """Rank 0's steps per second over ``seconds``, the same way for every launcher.
+
+    Waits for ``warmup_steps`` step records of rank 0, then ``settle_s`` more, then counts rank
+    0's step records that arrive in the next ``seconds`` seconds.
+    """
+
+    def rank0_steps() -> int:
+        return sum(1 for r in job.records if r.event == "step" and r.data.get("rank") == 0)
+
+    job.wait_for(lambda: rank0_steps() >= warmup_steps, STARTUP_LIMIT_S, "rank 0 to warm up")
+    job.wait_seconds(settle_s)
+    start = time.monotonic()
+    end = start + seconds
+    job.wait_seconds(seconds)
+    count = sum(
+        1 for r in job.snapshot("step") if r.data.get("rank") == 0 and start < r.arrived <= end
+    )
+    return count / seconds
+
+
+def summarize(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median, min, max and count of the values that were measured (None: a failed trial)."""
+    done = sorted(v for v in values if v is not None)
+    result: dict[str, Any] = {
+        "values": [None if v is None else round(v, 6) for v in values],
+        "n": len(done),
+        "failed": len(values) - len(done),
+    }
+    if done:
+        result.update(median=statistics.median(done), min=done[0], max=done[-1])
+    return result
+
+
+def first_steps(
+    job: LineJob,
+    after: float,
+    size: int,
+    *,
+    members: set[Any],
+    key: Callable[[Record], Any],
+    timeout: float,
+) -> dict[Any, float]:
+    """When each of ``members`` (by ``key``) first printed a step at ``size`` after ``after``.
+
+    Raises :class:`BenchError` when they did not all do so within ``timeout`` seconds.
+    """
+    first: dict[Any, float] = {}
+    mark = 0
+
+    def done() -> bool:
+        nonlocal mark
+        for record in job.records[mark:]:
+            if record.arrived > after and record.event == "step":
+                member = key(record)
+                if record.data.get("size") == size and member in members:
+                    first.setdefault(member, record.arrived)
+        mark = len(job.records)
+        return set(first) == members
+
+    job.wait_for(done, timeout, f"{sorted(members)} to step at size {size} (got {sorted(first)})")
+    return first

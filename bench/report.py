@@ -1,0 +1,473 @@
+"""Turn a suite result (bench/results/latest.json) into bench/RESULTS.md and a PNG plot.
+
+Pure functions of the result dict: nothing here measures, so the test suite can feed them a
+synthetic result (tests/test_bench_report.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MiB = 1024 * 1024
+
+#: What limits an item when it misses its target (shown only when it does).
+LIMITS = {
+    "throughput": (
+        "The two launchers run the same script with the same Horovod settings; what differs is "
+        "the launcher, agents and etcd sharing the 2 cores with the workers, and the noise of a "
+        "shared machine (see the per-round ratios)."
+    ),
+    "crash": (
+        "Recovery is bounded by the ring guard noticing the failure epoch in etcd, Horovod's "
+        "reset (shutdown, rendezvous, Gloo re-init) and one step at the new size."
+    ),
+    "hang": (
+        "A stopped process sends nothing: only its process lease (TTL 3 s) expiring tells the "
+        "launcher, so recovery is at least the TTL plus etcd's lease-expiry granularity."
+    ),
+    "scaleup": (
+        "After the resize epoch is written the survivors reset at their next commit, re-init "
+        "Horovod (a new Gloo context) and sync; the joiner first runs the script's code after "
+        "hvd.init (model build, the first tf.function trace), and every rank waits for it in "
+        "the sync broadcast: that wait is the pause the survivors see."
+    ),
+}
+
+
+def _s(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value * 1000:.1f}"
+
+
+def _mbps(value: float | None) -> str:
+    return "—" if value is None else f"{value / MiB:,.0f}"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def _stat(summary: dict[str, Any] | None, unit: str = " s", digits: int = 3) -> str:
+    """``median (min-max), n=N`` of a summarize() dict."""
+    if not summary or summary.get("n", 0) == 0:
+        failed = (summary or {}).get("failed", 0)
+        return f"no value ({failed} failed)" if failed else "—"
+    text = (
+        f"{summary['median']:.{digits}f}{unit} ({summary['min']:.{digits}f}-"
+        f"{summary['max']:.{digits}f}), n={summary['n']}"
+    )
+    if summary.get("failed"):
+        text += f", {summary['failed']} failed"
+    return text
+
+
+def _met(flag: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: "—"}[flag]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _error_section(title: str, item: dict[str, Any]) -> list[str]:
+    return [f"## {title}", "", f"Not measured in this run: {item['error']}", ""]
+
+
+def _throughput(item: dict[str, Any]) -> list[str]:
+    ratios = ", ".join(f"{r:.3f}" for r in item.get("round_ratios", []))
+    return [
+        "## 1. Steady-state throughput",
+        "",
+        f"{item['what']}; {item['rounds']} alternating A/B rounds of "
+        f"{item['seconds_per_round']:g} s each, a fresh job per round.",
+        "",
+        *_table(
+            ["launcher", "steps/s: median (min-max)"],
+            [
+                ["elastic-run", _stat(item["elastic_run"], "", 2)],
+                ["horovodrun --gloo (static)", _stat(item["horovodrun_static"], "", 2)],
+            ],
+        ),
+        "",
+        f"Ratio of medians elastic-run / horovodrun: **{item['ratio']:.3f}** (target >= "
+        f"{item['target']}: {_met(item['met'])}); per round: {ratios}.",
+        "",
+    ]
+
+
+def _sweep(item: dict[str, Any]) -> list[str]:
+    rows = [["Horovod defaults", "", _stat(item["default"], "", 2), "1.000"]]
+    for name, variant in item["variants"].items():
+        env = " ".join(f"{k}={v}" for k, v in variant["env"].items())
+        rows.append(
+            [name, f"`{env}`", _stat(variant["steps_per_s"], "", 2), f"{variant['vs_default']:.3f}"]
+        )
+    verdict = (
+        f"**{item['winner']}** beats the defaults by more than {item['winner_margin']:.1%} "
+        "(the noise margin): worth making the default."
+        if item.get("winner")
+        else f"No setting beats the defaults by more than {item['winner_margin']:.1%} (the noise "
+        "margin: 3 % or the defaults' own round-to-round spread): keep Horovod's defaults."
+    )
+    return [
+        "### Fusion threshold / cycle time sweep (elastic-run, same workload)",
+        "",
+        f"{item['rounds']} round(s) of {item['seconds_per_round']:g} s per setting"
+        + (
+            "; the defaults are item 1's elastic-run rounds."
+            if item.get("default_from_throughput_item")
+            else ", alternating with the defaults."
+        ),
+        "",
+        *_table(["setting", "environment", "steps/s", "vs defaults"], rows),
+        "",
+        verdict,
+        "",
+    ]
+
+
+def _faults(item: dict[str, Any]) -> list[str]:
+    crash, hang, scaleup = item["crash"], item["hang"], item["scaleup"]
+    lines = [
+        "## 2. Crash recovery (SIGKILL)",
+        "",
+        f"{crash['what']}; ~{item['params']:,} parameters. elastic-run: trials in one job of 3 "
+        "workers (the killed slot is restarted between trials); horovodrun: elastic mode with a "
+        "discovery script and distinct host aliases, a fresh job per trial.",
+        "",
+        *_table(
+            ["launcher", "seconds: median (min-max)"],
+            [
+                ["elastic-run", _stat(crash["elastic_run"])],
+                ["horovodrun elastic, default Gloo timeout", _stat(crash["horovodrun_elastic"])],
+                [
+                    "horovodrun elastic, HOROVOD_GLOO_TIMEOUT_SECONDS=5",
+                    _stat(crash["horovodrun_elastic_gloo_timeout_5s"]),
+                ],
+            ],
+        ),
+        "",
+        f"Target for elastic-run: max <= {crash['target_s']:g} s: {_met(crash['met'])}.",
+        "",
+        "## 3. Hang recovery (SIGSTOP)",
+        "",
+        f"{hang['what']}.",
+        "",
+        *_table(
+            ["launcher", "seconds: median (min-max)"], [["elastic-run", _stat(hang["elastic_run"])]]
+        ),
+        "",
+        f"Target: max <= lease TTL + 1 s = {hang['target_s']:g} s: {_met(hang['met'])}.",
+        "",
+        "## 4. Scale-up",
+        "",
+        f"{scaleup['what']}. The new worker is the restarted process of each fault above.",
+        "",
+        *_table(
+            ["what", "seconds: median (min-max)"],
+            [
+                ["ready -> all ranks stepping at the new size", _stat(scaleup["elastic_run"])],
+                [
+                    "registration (before its cold TensorFlow import) -> all stepping",
+                    _stat(scaleup["from_registration"]),
+                ],
+                [
+                    "pause of the existing ranks (longest gap between two steps)",
+                    _stat(scaleup["pause"]),
+                ],
+                ["their normal step interval at size 2", _stat(scaleup["step_interval"], " s", 4)],
+                *(
+                    [f"from ready: {what}", _stat(scaleup[key])]
+                    for key, what in (
+                        ("survivors_reset", "survivors re-initialised (reset callback)"),
+                        ("joiner_init", "joiner's hvd.init() returned"),
+                        ("joiner_first_step", "joiner's first step (model built, step traced)"),
+                    )
+                    if key in scaleup
+                ),
+            ],
+        ),
+        "",
+        f"Targets: scale-up <= {scaleup['target_s']:g} s and pause <= "
+        f"{scaleup['pause_target_s']:g} s: {_met(scaleup['met'])}.",
+        "",
+    ]
+    return lines
+
+
+def _state(item: dict[str, Any]) -> list[str]:
+    rows = []
+    for model in item["models"]:
+        rows.append(
+            [
+                f"{model['params']:,}",
+                _size(model["state_bytes"]),
+                _ms(model["step_s"]),
+                _ms(model["commit_s"]),
+                " / ".join(_ms(model.get("commit_parts_s", {}).get(k)) for k in COMMIT_PARTS),
+                f"{model['commit_share']:.1%}",
+                _s(model["sync_first_s"]),
+                _s(model["sync_warm_s"]),
+                _s(model["sync_bound_s"]),
+            ]
+        )
+    return [
+        "## 5 and 6. Commit cost and state sync",
+        "",
+        f"{item['what']}; a commit every {item['commit_every']} steps. Share = commit / (commit + "
+        f"{item['commit_every']} steps). Sync = State.sync() on rank 0 after a barrier; bound = "
+        f"state bytes / loopback bandwidth ({_mbps(item['loopback_Bps'])} MiB/s, this run). "
+        "Parts of a commit, each timed alone after a barrier: the in-memory save, rank 0's "
+        "progress report to etcd, the host-update check (a broadcast among the ranks).",
+        "",
+        *_table(
+            [
+                "parameters",
+                "state (weights + Adam slots)",
+                "step ms",
+                "commit ms",
+                "parts ms: save / report / check",
+                "commit share",
+                "sync s (fresh ring)",
+                "sync s (warm)",
+                "bound S/B s",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+COMMIT_PARTS = ("save", "report", "check")
+
+
+def _collectives(item: dict[str, Any]) -> list[str]:
+    series = item["series"]
+    keys = list(series)
+    sizes = sorted({row["bytes"] for value in series.values() for row in value["rows"]})
+    rows = []
+    for nbytes in sizes:
+        row = [_size(nbytes)]
+        for key in keys:
+            found = [r for r in series[key]["rows"] if r["bytes"] == nbytes]
+            row.append(_mbps(found[0]["busbw_Bps"]) if found else "—")
+        rows.append(row)
+    lines = [
+        "## 7. Allreduce bus bandwidth",
+        "",
+        f"{item['what']}. MiB/s of bus bandwidth; loopback TCP bound measured in this run: "
+        f"**{_mbps(item['loopback_Bps'])} MiB/s** (one process streaming to another).",
+        "",
+        *_table(["message", *(series[k]["label"] for k in keys)], rows),
+        "",
+    ]
+    for key in keys:
+        if series[key].get("library"):
+            lines.append(f"- {series[key]['label']}: {series[key]['library']}")
+        if series[key].get("error"):
+            lines.append(f"- {series[key]['label']}: failed: {series[key]['error']}")
+    if item.get("mpi_missing"):
+        lines.append(f"- MPI not measured: {item['mpi_missing']}")
+    ratio = item.get("median_busbw_ratio_gloo_vs_mpi_tcp")
+    if ratio is not None:
+        lines.append(f"- Horovod/Gloo vs MPI over TCP, median over sizes: {ratio:.2f}x")
+    peaks = ", ".join(
+        f"{series[k]['label']} {v:.0%}"
+        for k, v in item["peak_vs_loopback"].items()
+        if v is not None
+    )
+    lines += [f"- Peak bus bandwidth as a share of the loopback bound: {peaks}", ""]
+    return lines
+
+
+def _misses(items: dict[str, Any]) -> list[str]:
+    checks = []
+    throughput = items.get("throughput", {})
+    if "met" in throughput:
+        checks.append(
+            (
+                "throughput",
+                "1. throughput ratio",
+                throughput["met"],
+                f"{throughput['ratio']:.3f} vs >= 0.97",
+            )
+        )
+    faults = items.get("faults", {})
+    for key, title in (
+        ("crash", "2. crash recovery"),
+        ("hang", "3. hang recovery"),
+        ("scaleup", "4. scale-up"),
+    ):
+        if key in faults:
+            part = faults[key]
+            figure = _stat(part["elastic_run"])
+            if key == "scaleup":
+                figure += f"; pause {_stat(part['pause'])}"
+            checks.append((key, title, part["met"], figure))
+    lines = ["## Targets", ""]
+    lines += _table(
+        ["item", "figure (elastic-run)", "target"], [[t, f, _met(m)] for _, t, m, f in checks]
+    )
+    lines.append("")
+    for key, title, met, _ in checks:
+        if not met:
+            lines += [f"- **{title} misses its target.** {LIMITS[key]}"]
+    for name, item in items.items():
+        if "error" in item:
+            lines.append(f"- **{name} was not measured**: {item['error']}")
+    lines.append("")
+    return lines
+
+
+SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[str]]]] = {
+    "throughput": ("1. Steady-state throughput", _throughput),
+    "fusion_sweep": ("Fusion / cycle sweep", _sweep),
+    "faults": ("2-4. Recovery and scale-up", _faults),
+    "state": ("5 and 6. Commit cost and state sync", _state),
+    "allreduce": ("7. Allreduce bus bandwidth", _collectives),
+}
+
+
+def render_markdown(results: dict[str, Any], png_link: str | None = "results/latest.png") -> str:
+    """RESULTS.md for one suite result."""
+    machine, versions = results["machine"], results["versions"]
+    items = results["items"]
+    lines = [
+        "# Benchmark results",
+        "",
+        "Generated by `make bench` (bench/suite.py) from bench/results/latest.json: do not edit by "
+        "hand. Every comparison is taken in one run on one machine; figures from a busy machine "
+        "are noisy.",
+        "",
+        *_table(
+            ["", ""],
+            [
+                ["date (UTC)", results["started"]],
+                ["mode", f"{results['mode']} ({results['duration_s'] / 60:.1f} min)"],
+                [
+                    "machine",
+                    f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']:.0f} GiB",
+                ],
+                ["system", machine["system"]],
+                ["load average at start", machine.get("load_average", "—")],
+                *[[name, version] for name, version in versions.items()],
+            ],
+        ),
+        "",
+    ]
+    if png_link:
+        lines += [f"![main figures]({png_link})", ""]
+    lines += _misses(items)
+    for key, (title, render) in SECTIONS.items():
+        if key not in items:
+            continue
+        item = items[key]
+        lines += _error_section(title, item) if "error" in item else render(item)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """The main figures in one PNG: bus bandwidth, recovery, throughput, state costs."""
+    import matplotlib  # noqa: PLC0415 - only the plot needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    items = results["items"]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig.suptitle(f"elastic-allreduce bench ({results['mode']}, {results['started']})")
+
+    ax = axes[0][0]
+    allreduce = items.get("allreduce", {})
+    for value in allreduce.get("series", {}).values():
+        rows = value["rows"]
+        if rows:
+            ax.plot(
+                [r["bytes"] for r in rows],
+                [r["busbw_Bps"] / MiB for r in rows],
+                "o-",
+                label=value["label"],
+            )
+    if allreduce.get("loopback_Bps"):
+        ax.axhline(allreduce["loopback_Bps"] / MiB, color="grey", ls="--", label="loopback TCP")
+    ax.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="bus bandwidth MiB/s")
+    ax.set_title("7. allreduce bus bandwidth (2 ranks)")
+    ax.legend(fontsize=7)
+
+    ax = axes[0][1]
+    faults = items.get("faults", {})
+    groups = []
+    if "crash" in faults:
+        crash = faults["crash"]
+        groups = [
+            ("elastic-run\nSIGKILL", crash["elastic_run"]),
+            ("horovodrun\nSIGKILL", crash["horovodrun_elastic"]),
+            ("horovodrun\nSIGKILL, 5 s", crash["horovodrun_elastic_gloo_timeout_5s"]),
+            ("elastic-run\nSIGSTOP", faults["hang"]["elastic_run"]),
+            ("elastic-run\nscale-up", faults["scaleup"]["elastic_run"]),
+        ]
+    for x, (_, summary) in enumerate(groups):
+        values = [v for v in summary["values"] if v is not None]
+        ax.scatter([x] * len(values), values, alpha=0.7)
+        if values:
+            ax.hlines(summary["median"], x - 0.3, x + 0.3, color="black")
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=7)
+    ax.set(yscale="log", ylabel="seconds")
+    ax.set_title("2-4. recovery / scale-up (dots: trials, bar: median)")
+
+    ax = axes[1][0]
+    throughput = items.get("throughput", {})
+    if "elastic_run" in throughput:
+        ours, theirs = (
+            throughput["elastic_run"]["values"],
+            throughput["horovodrun_static"]["values"],
+        )
+        ax.plot(range(1, len(ours) + 1), ours, "o-", label="elastic-run")
+        ax.plot(range(1, len(theirs) + 1), theirs, "s-", label="horovodrun --gloo")
+        ax.set_title(f"1. steps/s at 2 ranks, A/B rounds (ratio {throughput['ratio']:.3f})")
+        ax.legend()
+    ax.set(xlabel="round", ylabel="steps/s")
+
+    ax = axes[1][1]
+    state = items.get("state", {})
+    models = state.get("models", [])
+    if models:
+        params = [m["params"] for m in models]
+        ax.plot(params, [m["commit_s"] for m in models], "o-", label="commit")
+        ax.plot(params, [m["sync_first_s"] for m in models], "s-", label="sync (fresh ring)")
+        ax.plot(params, [m["sync_bound_s"] for m in models], "--", label="bound S/B")
+        ax.plot(params, [m["step_s"] for m in models], ":", label="one step")
+        ax.legend(fontsize=7)
+    ax.set(xscale="log", yscale="log", xlabel="parameters", ylabel="seconds")
+    ax.set_title("5-6. commit and state broadcast vs model size")
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(results: dict[str, Any], results_dir: Path, markdown: Path) -> list[Path]:
+    """Write latest.json, latest.png (when matplotlib is there) and the Markdown; their paths."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    json_path = results_dir / "latest.json"
+    json_path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    png_path = results_dir / "latest.png"
+    try:
+        plot(results, png_path)
+        link: str | None = os.path.relpath(png_path, markdown.resolve().parent)
+    except ImportError:
+        link = None
+    markdown.write_text(render_markdown(results, link))
+    return [json_path, markdown, *([png_path] if link else [])]

@@ -1,0 +1,153 @@
+"""The benchmark suite: elastic-run side by side with horovodrun (and MPI), in one run.
+
+    python -m bench.suite [--quick] [--items a,b,...] [--out DIR] [--markdown FILE]
+
+Runs the items in order (each a module of bench/items/), then writes DIR/latest.json,
+DIR/latest.png and the Markdown report (bench/RESULTS.md by default). Nothing is asserted:
+a target that is missed is reported as missed. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import report  # noqa: E402
+from bench.items import collectives, faults, state, throughput  # noqa: E402
+from bench.items.context import Context  # noqa: E402
+from bench.jobs import log  # noqa: E402
+from elastic_allreduce.store import EmbeddedEtcd  # noqa: E402
+
+#: Item name -> what measures it, in the order they run (the sweep before the allreduce item,
+#: which also measures the sweep's winner).
+ITEMS: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "throughput": throughput.run,
+    "fusion_sweep": throughput.run_sweep,
+    "faults": faults.run,
+    "allreduce": collectives.run,
+    "state": state.run,
+}
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _command_version(command: list[str], pattern: str) -> str | None:
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(pattern, done.stdout + done.stderr)
+    return match.group(1) if match else None
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = re.search(r"^model name\s*:\s*(.+)$", _read("/proc/cpuinfo"), re.MULTILINE)
+    memory = re.search(r"^MemTotal:\s*(\d+) kB", _read("/proc/meminfo"), re.MULTILINE)
+    load = os.getloadavg()
+    return {
+        "cpu": cpu.group(1).strip() if cpu else platform.processor() or "unknown",
+        "cores": os.cpu_count(),
+        "memory_gib": int(memory.group(1)) / 1024**2 if memory else 0.0,
+        "system": f"{platform.system()} {platform.release()}, {platform.libc_ver()[1] or ''}",
+        "load_average": " ".join(f"{v:.2f}" for v in load),
+    }
+
+
+def versions() -> dict[str, str]:
+    found: dict[str, str] = {"python": platform.python_version()}
+    for name in ("tensorflow-cpu", "horovod", "etcd3gw", "mpi4py", "matplotlib"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    found["Open MPI"] = _command_version(["mpirun", "--version"], r"Open MPI\)? ([\d.]+)") or (
+        "not installed"
+    )
+    etcd = os.environ.get("ELASTIC_ALLREDUCE_ETCD_BIN") or "etcd"
+    found["etcd"] = _command_version([etcd, "--version"], r"etcd Version: ([\d.]+)") or "?"
+    commit = _command_version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], r"(\w+)")
+    dirty = _command_version(["git", "-C", str(ROOT), "status", "--porcelain"], r"(\S)")
+    found["elastic-allreduce"] = f"{commit or '?'}{' (+ local changes)' if dirty else ''}"
+    return found
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds every job's context manager: nothing is left running
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter trials (~5 min)")
+    parser.add_argument(
+        "--items", default=",".join(ITEMS), help=f"comma-separated, of: {', '.join(ITEMS)}"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.items.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(ITEMS))
+    if unknown:
+        parser.error(f"unknown items {unknown}; choose from {list(ITEMS)}")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "schema": 1,
+        "mode": "quick" if args.quick else "full",
+        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(),
+        "versions": versions(),
+        "items": {},
+        "item_seconds": {},
+    }
+    log(f"{results['mode']} run of {chosen} on {results['machine']}")
+    with EmbeddedEtcd() as etcd:
+        ctx = Context(quick=args.quick, etcd=etcd)
+        for name in (name for name in ITEMS if name in chosen):
+            log(f"--- {name}")
+            item_started = time.monotonic()
+            try:
+                results["items"][name] = ITEMS[name](ctx)
+            except Exception as exc:  # one item's failure must not lose the others
+                traceback.print_exc()
+                results["items"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            ctx.results[name] = results["items"][name]
+            results["item_seconds"][name] = time.monotonic() - item_started
+            log(f"--- {name} took {results['item_seconds'][name]:.0f} s")
+    if "loopback" in ctx.results:
+        results["loopback"] = ctx.results["loopback"]
+    results["duration_s"] = time.monotonic() - started
+    written = report.write(results, args.out, args.markdown)
+    log(f"done in {results['duration_s'] / 60:.1f} min; wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

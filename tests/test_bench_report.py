@@ -1,0 +1,189 @@
+"""The benchmark report writer: well-formed JSON, Markdown and PNG from a synthetic result.
+
+Nothing here is measured and nothing is timed: the figures are made up to exercise the writer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.jobs import summarize
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _rows(scale: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "bytes": nbytes,
+            "reps": 3,
+            "time_per_op_s": nbytes / scale,
+            "algbw_Bps": scale,
+            "busbw_Bps": scale,
+        }
+        for nbytes in (4096, 1 << 20, 1 << 28)
+    ]
+
+
+def synthetic() -> dict[str, Any]:
+    crash = summarize([0.2, 0.25, None])
+    slow = summarize([30.1, 0.4])
+    return {
+        "schema": 1,
+        "mode": "quick",
+        "started": "2026-01-01 00:00 UTC",
+        "duration_s": 60.0,
+        "machine": {
+            "cpu": "test CPU",
+            "cores": 2,
+            "memory_gib": 4.0,
+            "system": "Linux",
+            "load_average": "0.00 0.00 0.00",
+        },
+        "versions": {"python": "3.11", "horovod": "0.28.1"},
+        "item_seconds": {},
+        "items": {
+            "throughput": {
+                "what": "steps/s",
+                "params": 1,
+                "rounds": 2,
+                "seconds_per_round": 1.0,
+                "elastic_run": summarize([10.0, 11.0]),
+                "horovodrun_static": summarize([10.5, 11.0]),
+                "ratio": 0.98,
+                "round_ratios": [0.95, 1.0],
+                "target": 0.97,
+                "met": True,
+            },
+            "fusion_sweep": {
+                "what": "x",
+                "rounds": 1,
+                "seconds_per_round": 1.0,
+                "default": summarize([10.0]),
+                "variants": {
+                    "cycle 0.1 ms": {
+                        "env": {"HOROVOD_CYCLE_TIME": "0.1"},
+                        "steps_per_s": summarize([11.0]),
+                        "vs_default": 1.1,
+                    }
+                },
+                "best": "cycle 0.1 ms",
+                "winner": "cycle 0.1 ms",
+                "winner_margin": 0.03,
+            },
+            "faults": {
+                "params": 1,
+                "faults": [],
+                "crash": {
+                    "what": "kill",
+                    "elastic_run": crash,
+                    "horovodrun_elastic": slow,
+                    "horovodrun_elastic_gloo_timeout_5s": slow,
+                    "target_s": 1.0,
+                    "met": True,
+                },
+                "hang": {
+                    "what": "stop",
+                    "elastic_run": summarize([3.5]),
+                    "target_s": 4.0,
+                    "met": True,
+                },
+                "scaleup": {
+                    "what": "join",
+                    "elastic_run": summarize([2.5]),
+                    "from_registration": summarize([5.0]),
+                    "pause": summarize([2.4]),
+                    "step_interval": summarize([0.01]),
+                    "target_s": 2.0,
+                    "pause_target_s": 0.5,
+                    "met": False,
+                },
+            },
+            "allreduce": {
+                "what": "allreduce",
+                "ranks": 2,
+                "loopback_Bps": 3e9,
+                "mpi_missing": None,
+                "series": {
+                    "horovod_gloo": {"label": "Horovod", "rows": _rows(5e8)},
+                    "mpi_tcp": {"label": "MPI TCP", "library": "test MPI", "rows": _rows(1e9)},
+                },
+                "peak_busbw_Bps": {"horovod_gloo": 5e8, "mpi_tcp": 1e9},
+                "peak_vs_loopback": {"horovod_gloo": 0.17, "mpi_tcp": 0.33},
+                "median_busbw_ratio_gloo_vs_mpi_tcp": 0.5,
+            },
+            "state": {
+                "what": "state",
+                "commit_every": 10,
+                "loopback_Bps": 3e9,
+                "models": [
+                    {
+                        "params": params,
+                        "state_bytes": params * 12,
+                        "step_s": params / 1e8,
+                        "commit_s": 0.02,
+                        "commit_parts_s": {"save": 0.001, "report": 0.005, "check": 0.01},
+                        "commit_share": 0.05,
+                        "sync_first_s": 0.5,
+                        "sync_warm_s": None,
+                        "sync_bound_s": params * 12 / 3e9,
+                    }
+                    for params in (1_000_000, 50_000_000)
+                ],
+            },
+        },
+    }
+
+
+def _check_tables(text: str) -> None:
+    """Every table row has as many cells as its header."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("|") and index + 1 < len(lines) and lines[index + 1].startswith("| ---"):
+            cells = line.count("|")
+            row = index + 2
+            while row < len(lines) and lines[row].startswith("|"):
+                assert lines[row].count("|") == cells, lines[row]
+                row += 1
+
+
+def test_report_files_are_well_formed(tmp_path: Path) -> None:
+    results = synthetic()
+    markdown = tmp_path / "RESULTS.md"
+    written = report.write(results, tmp_path / "results", markdown)
+
+    assert {p.name for p in written} == {"latest.json", "latest.png", "RESULTS.md"}
+    assert json.loads((tmp_path / "results" / "latest.json").read_text()) == results
+    assert (tmp_path / "results" / "latest.png").read_bytes().startswith(PNG_MAGIC)
+
+    text = markdown.read_text()
+    assert text.startswith("# Benchmark results\n")
+    assert "![main figures](results/latest.png)" in text
+    for heading in ("## Targets", "## 1. Steady-state throughput", "## 7. Allreduce"):
+        assert heading in text
+    # A missed target says so, with what limits it.
+    assert "**4. scale-up misses its target.**" in text
+    assert "0.980" in text and "cycle 0.1 ms" in text
+    assert "## 5 and 6. Commit cost and state sync" in text
+    _check_tables(text)
+
+
+def test_an_item_that_failed_is_reported_as_not_measured() -> None:
+    results = synthetic()
+    results["items"]["state"] = {"error": "BenchError: the state job failed"}
+    text = report.render_markdown(results, png_link=None)
+    assert "state was not measured" in text
+    assert "Not measured in this run: BenchError: the state job failed" in text
+    assert "![main figures]" not in text
+    _check_tables(text)
+
+
+def test_summarize_counts_failed_trials() -> None:
+    summary = summarize([2.0, None, 1.0, 3.0])
+    assert summary["n"] == 3
+    assert summary["failed"] == 1
+    assert (summary["median"], summary["min"], summary["max"]) == (2.0, 1.0, 3.0)
+    assert summarize([None])["n"] == 0
