@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup lint test demo bench-store bench-core clean
+.PHONY: setup lint test demo bench bench-quick bench-store bench-core clean
 
 setup: $(STAMP)
 
@@ -27,9 +27,21 @@ bench-store: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# Elastic core vs horovodrun: recovery after SIGKILL and steady throughput (about 10 minutes).
+# The benchmark suite: elastic-run side by side with horovodrun and MPI (bench/README.md).
+# Writes bench/results/latest.json, bench/results/latest.png and bench/RESULTS.md.
+# `bench` takes about 20 minutes on 2 cores, `bench-quick` about 5.
+bench: setup
+	VENV=$(VENV) bash scripts/setup-bench.sh
+	$(BIN)/python -m bench.suite
+
+bench-quick: setup
+	VENV=$(VENV) bash scripts/setup-bench.sh
+	$(BIN)/python -m bench.suite --quick
+
+# The elastic core's items only (throughput; crash, hang, scale-up), into bench/results/core/.
 bench-core: setup
-	$(BIN)/python bench/core_bench.py
+	$(BIN)/python -m bench.suite --items throughput,faults --out bench/results/core \
+		--markdown bench/results/core/RESULTS.md
 
 # The CNN digits example under elastic-run: 2 workers, a third joins, one is killed; then the
 # final accuracy and the sample audit's verdict (about 1-2 minutes after set-up).
