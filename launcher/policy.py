@@ -737,6 +737,8 @@ class RingPolicy:
             member = view.members.get(node)
             if proc is None or member is None or (slot, proc.incarnation) in self.killed_stuck:
                 continue
+            if proc.incarnation != self.member_incarnations.get(slot):
+                continue  # a replacement still starting, not the member that got stuck
             self.killed_stuck.add((slot, proc.incarnation))
             decisions += [
                 Log(

@@ -72,8 +72,11 @@ class Output:
             return [r for r in self.records if r.get("event") == "done"]
 
     def tail(self, count: int = 60) -> str:
+        """The launcher's log (whole), then the last ``count`` lines of every pod."""
         with self.lock:
-            return "\n".join(f"{pod}: {line}" for pod, line in self.lines[-count:])
+            launcher = [f"{p}: {line}" for p, line in self.lines if p.endswith("-launcher")]
+            last = [f"{p}: {line}" for p, line in self.lines[-count:]]
+        return "\n".join([*launcher, "--- last lines of all pods ---", *last])
 
 
 def launcher_pod(

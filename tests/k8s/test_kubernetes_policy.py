@@ -122,3 +122,20 @@ def test_crashes_and_graceful_leaves_are_announced() -> None:
     world.members["n2"] = Member("n2", 1, True, world.members["n2"].registered)
     (left,) = changes(step_with(policy, world), ChangeKind.LEFT)
     assert left.slots == ("n2.0",)
+
+
+def test_a_replaced_stuck_member_is_not_killed_again_while_it_starts() -> None:
+    """Seen in the end-to-end test on a starved machine: below --min-workers the failure epoch
+    stays forming, and each new incarnation of a slot replaced as stuck was killed at once."""
+    policy, world, slots = started_job(min_workers=2, stuck_timeout=5.0)
+    world.kill(slots[0])
+    step_with(policy, world)  # failure epoch 2: n1.0 and n2.0 must come back
+    world.waiting["n1.0"] = "reset"
+    step_with(policy, world)
+    world.now = 6.0  # n2.0 stays silent: it is replaced by a new incarnation
+    decisions = step_with(policy, world)
+    assert any("did not leave its failed collective" in d.message for d in of(Log, decisions))
+    world.procs["n2.0"] = replace(world.procs["n2.0"], incarnation=2)  # starting up
+    world.now = 7.0
+    again = step_with(policy, world)
+    assert not [d for d in of(Log, again) if "did not leave its failed collective" in d.message]
