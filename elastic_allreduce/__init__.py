@@ -15,13 +15,18 @@ __version__ = "0.1.0.dev0"
 
 _WORKER_NAMES = frozenset(
     {
+        "ArraySource",
         "Batch",
         "CommitStateCallback",
         "DistributedGradientTape",
         "DistributedOptimizer",
         "ElasticData",
+        "KerasFeed",
+        "RecordSource",
         "ScaleLearningRate",
+        "Source",
         "State",
+        "TFRecordSource",
         "UpdateBatchStateCallback",
         "UpdateEpochStateCallback",
         "allreduce",

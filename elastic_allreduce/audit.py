@@ -46,7 +46,8 @@ class SampleLog:
         """Write and flush one line before the step runs."""
         if self._file is None:
             return
-        line = {"ring": ring, "epoch": epoch, "step": step, "rank": rank, "ids": list(ids)}
+        ids = [int(i) for i in ids]
+        line = {"ring": ring, "epoch": epoch, "step": step, "rank": rank, "ids": ids}
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
 

@@ -24,10 +24,10 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -41,10 +41,20 @@ from horovod.tensorflow.keras.elastic import (
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
 )
+from typing_extensions import Unpack
 
 from elastic_allreduce import env, runtime
 from elastic_allreduce.audit import SampleLog
-from elastic_allreduce.data import EpochSharding, global_batch_for
+from elastic_allreduce.data import (
+    ArraySource,
+    EpochSharding,
+    RecordSource,
+    Share,
+    Source,
+    SupportsRecords,
+    TFRecordSource,
+    global_batch_for,
+)
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 
 log = logging.getLogger(__name__)
@@ -78,63 +88,132 @@ class Batch:
     loss_scale: float
 
 
-class ElasticData:
-    """Exactly-once batches of in-memory arrays (see :mod:`elastic_allreduce.data`).
+class DataOptions(TypedDict, total=False):
+    """The batching options of :class:`ElasticData`, for its ``from_*`` constructors."""
 
-    The state must carry ``epoch``, ``position`` and ``step`` (``State(..., epoch=0,
-    position=0, step=0)``). ``batches(state)`` yields this rank's batches from the committed
-    position to the end of the state's epoch, prefetched by ``tf.data``; call
-    ``advance(state, batch)`` after each step. With ``global_batch`` the global batch stays
-    fixed across resizes; otherwise it is ``batch_per_rank`` x the number of ranks.
+    batch_per_rank: int
+    global_batch: int | None
+    seed: int
+    shuffle: bool
+    drop_remainder: bool
+
+
+class ElasticData:
+    """Exactly-once batches for tf.data (see :mod:`elastic_allreduce.data`).
+
+    The samples come from in-memory arrays (``ElasticData(features, labels)``), any indexable
+    record collection (:meth:`from_records`), TFRecord shards (:meth:`from_tfrecords`) or any
+    :class:`~elastic_allreduce.data.Source`. The state must carry ``epoch``, ``position`` and
+    ``step`` (``State(..., epoch=0, position=0, step=0)``).
+
+    Custom loops: ``batches(state)`` yields this rank's batches from the committed position to
+    the end of the state's epoch (prefetched by ``tf.data``); call ``advance(state, batch)``
+    after each step. Keras ``fit``: ``keras_feed(state)`` gives the dataset and the callback for
+    one data epoch. With ``global_batch`` the global batch stays fixed across resizes; otherwise
+    it is ``batch_per_rank`` x the number of ranks.
     """
 
     def __init__(
         self,
-        features: npt.ArrayLike,
-        labels: npt.ArrayLike,
+        features: npt.ArrayLike | Source,
+        labels: npt.ArrayLike | None = None,
         *,
+        parse: Callable[..., tuple[Any, Any]] | None = None,
         batch_per_rank: int = 32,
         global_batch: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
         drop_remainder: bool = False,
     ) -> None:
-        self._features = np.asarray(features)
-        self._labels = np.asarray(labels)
-        if len(self._features) != len(self._labels):
-            raise ConfigError(
-                "features and labels differ in length: "
-                f"{len(self._features)} vs {len(self._labels)}"
-            )
+        if isinstance(features, Source):
+            if labels is not None:
+                raise ConfigError("pass labels inside the source, not next to it")
+            self.source = features
+        else:
+            if labels is None:
+                raise ConfigError("ElasticData(features, labels): the labels are missing")
+            self.source = ArraySource(features, labels)
+        self._parse = parse
         self._policy = "fixed" if global_batch else "linear"
         self._batch_per_rank = batch_per_rank
         self._global_batch = global_batch
-        self.sharding = EpochSharding(len(self._features), seed, shuffle, drop_remainder)
+        self.sharding = EpochSharding(len(self.source), seed, shuffle, drop_remainder)
+        sample = self.source.fetch(np.zeros(1, np.int64))
+        if parse is None and len(sample) != 2:
+            raise ConfigError(
+                f"the source gives {len(sample)} arrays per batch; without parse= it must give "
+                "two (features, labels)"
+            )
+        self._signature = tuple(
+            tf.TensorSpec(
+                (None, *part.shape[1:]),
+                tf.string if part.dtype == object else tf.as_dtype(part.dtype),
+            )
+            for part in sample
+        )
         self._log = SampleLog()
+
+    @classmethod
+    def from_records(cls, records: SupportsRecords, **options: Unpack[DataOptions]) -> ElasticData:
+        """Samples from ``records[i]`` (a ``(features, label)`` tuple each); see RecordSource."""
+        return cls(RecordSource(records), **options)
+
+    @classmethod
+    def from_tfrecords(
+        cls,
+        paths: Sequence[str | os.PathLike[str]],
+        parse: Callable[[tf.Tensor], tuple[Any, Any]],
+        *,
+        counts: Sequence[int] | None = None,
+        **options: Unpack[DataOptions],
+    ) -> ElasticData:
+        """Samples from uncompressed TFRecord shards; ``parse`` maps a batch of serialized
+        records (a string tensor) to ``(features, labels)`` inside the tf.data pipeline."""
+        return cls(TFRecordSource(paths, counts), parse=parse, **options)
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def _plan(self, state: State) -> _Plan:
+        rank, size = hvd.rank(), hvd.size()
+        batch = global_batch_for(self._policy, self._batch_per_rank, self._global_batch, size)
+        epoch, position = int(state.epoch), int(state.position)
+        shares = []
+        while (share := self.sharding.share(epoch, position, batch, rank, size)) is not None:
+            shares.append(share)
+            position += share.global_size
+        return _Plan(runtime.ring_epoch(), epoch, int(state.step), rank, size, tuple(shares))
+
+    def _dataset(self, plan: _Plan) -> tf.data.Dataset:
+        """(features, labels, loss_scale) per step of the plan, prefetched."""
+
+        def generate() -> Iterator[tuple[Any, ...]]:
+            for share in plan.shares:
+                yield (*self.source.fetch(share.ids), np.float32(plan.size / share.global_size))
+
+        signature = (*self._signature, tf.TensorSpec((), tf.float32))
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        # A known length: Keras then never announces a batch past the plan's end.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(plan.shares)))
+        if self._parse is not None:
+            parse = self._parse
+
+            def parsed(*parts: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+                features, labels = parse(*parts[:-1])
+                return features, labels, parts[-1]
+
+            dataset = dataset.map(parsed, num_parallel_calls=tf.data.AUTOTUNE)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    # -- custom training loops ---------------------------------------------------------------
 
     def batches(self, state: State) -> Iterator[Batch]:
         """This rank's batches from ``state.position`` to the end of ``state.epoch``."""
-        rank, size = hvd.rank(), hvd.size()
-        batch = global_batch_for(self._policy, self._batch_per_rank, self._global_batch, size)
-        epoch, position, first_step = int(state.epoch), int(state.position), int(state.step)
-        plan = []
-        while (share := self.sharding.share(epoch, position, batch, rank, size)) is not None:
-            plan.append(share)
-            position += share.global_size
-
-        def generate() -> Iterator[tuple[Any, Any]]:
-            for share in plan:
-                yield self._features[share.ids], self._labels[share.ids]
-
-        signature = (
-            tf.TensorSpec((None, *self._features.shape[1:]), tf.as_dtype(self._features.dtype)),
-            tf.TensorSpec((None, *self._labels.shape[1:]), tf.as_dtype(self._labels.dtype)),
-        )
-        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(2)
-        ring = runtime.ring_epoch()
-        for offset, (share, (features, labels)) in enumerate(zip(plan, dataset, strict=True)):
-            self._log.record(ring, epoch, first_step + offset, rank, share.ids.tolist())
-            yield Batch(features, labels, share.ids, share.global_size, size / share.global_size)
+        plan = self._plan(state)
+        for offset, (share, (features, labels, scale)) in enumerate(
+            zip(plan.shares, self._dataset(plan), strict=True)
+        ):
+            self._log.record(plan.ring, plan.epoch, plan.first_step + offset, plan.rank, share.ids)
+            yield Batch(features, labels, share.ids, share.global_size, float(scale))
 
     @staticmethod
     def advance(state: State, batch: Batch) -> None:
@@ -147,6 +226,85 @@ class ElasticData:
         """Start the next data epoch at position 0."""
         state.epoch += 1
         state.position = 0
+
+    # -- Keras fit -----------------------------------------------------------------------------
+
+    def keras_feed(self, state: State, *, commit_every: int = 10) -> KerasFeed:
+        """The rest of ``state.epoch`` for one ``model.fit(feed.dataset, callbacks=[feed.callback,
+        ...])`` call: ``(features, labels, sample_weight)`` batches whose weights make Keras'
+        mean loss the share of the global batch's mean (so the averaged gradient is exact), and
+        a callback that logs each step before it runs, advances the state after it and commits
+        every ``commit_every`` steps. Then call ``next_epoch(state)`` and ``state.commit()``."""
+        if commit_every < 1:
+            raise ConfigError(f"commit_every must be at least 1, got {commit_every}")
+        plan = self._plan(state)
+
+        def weighted(
+            features: tf.Tensor, labels: tf.Tensor, scale: tf.Tensor
+        ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            count = tf.shape(tf.nest.flatten(labels)[0])[0]
+            return features, labels, tf.fill([count], scale * tf.cast(count, tf.float32))
+
+        dataset = self._dataset(plan).map(weighted)
+        return KerasFeed(
+            dataset, _FeedCallback(self._log, plan, state, commit_every), len(plan.shares)
+        )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """This rank's shares of the steps left in one data epoch, from one committed position."""
+
+    ring: int
+    epoch: int
+    first_step: int
+    rank: int
+    size: int
+    shares: tuple[Share, ...]
+
+
+@dataclass(frozen=True)
+class KerasFeed:
+    """What ``model.fit`` needs for one data epoch of :class:`ElasticData`.
+
+    ``steps`` is how many steps are left in the epoch: skip ``fit`` when it is 0 (a rollback to a
+    commit taken at the very end of an epoch leaves nothing to run, and Keras refuses an empty
+    dataset).
+    """
+
+    dataset: tf.data.Dataset
+    callback: tf.keras.callbacks.Callback
+    steps: int
+
+
+class _FeedCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
+    """Audit line before each step; position, step and commits after it."""
+
+    def __init__(self, sample_log: SampleLog, plan: _Plan, state: State, commit_every: int) -> None:
+        super().__init__()
+        self._sample_log = sample_log
+        self._plan = plan
+        self._state = state
+        self._commit_every = commit_every
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        steps = getattr(self.model, "_steps_per_execution", None)
+        if steps is not None and int(steps.numpy()) != 1:
+            raise ConfigError(
+                "ElasticData's Keras feed needs steps_per_execution=1 in model.compile: it "
+                "accounts for every step"
+            )
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        plan = self._plan
+        ids = plan.shares[batch].ids
+        self._sample_log.record(plan.ring, plan.epoch, plan.first_step + batch, plan.rank, ids)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._state.position += self._plan.shares[batch].global_size
+        self._state.step += 1
+        if self._state.step % self._commit_every == 0:
+            self._state.commit()
 
 
 class ScaleLearningRate:
@@ -302,13 +460,18 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
 
 
 __all__ = [
+    "ArraySource",
     "Batch",
     "CommitStateCallback",
     "DistributedGradientTape",
     "DistributedOptimizer",
     "ElasticData",
+    "KerasFeed",
+    "RecordSource",
     "ScaleLearningRate",
+    "Source",
     "State",
+    "TFRecordSource",
     "UpdateBatchStateCallback",
     "UpdateEpochStateCallback",
     "allreduce",

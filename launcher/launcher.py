@@ -162,6 +162,7 @@ class Launcher:
                 # Deadlines (stuck members, wait timeouts) need a step at least this often.
                 for item in drain(self._inbox, timeout=0.25):
                     cache.apply(item)
+                self.rendezvous.resend_pending()
                 view = self._view(cache)
                 for decision in policy.step(view):
                     if isinstance(decision, StartNodes):
@@ -258,7 +259,7 @@ class Launcher:
             self._log(f"stopping node {decision.node} (scale-down)")
             self.provisioner.stop_node(decision.node)
         elif isinstance(decision, NotifyWorkers):
-            self.rendezvous.notify(list(decision.slots), decision.timestamp, decision.removed)
+            self.rendezvous.notify(list(decision.slots), decision.timestamp)
         elif isinstance(decision, SetDirective):
             self.store.put(
                 f"directives/{decision.node}",

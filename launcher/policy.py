@@ -145,11 +145,15 @@ class ReleaseWaiters:
 
 @dataclass(frozen=True)
 class NotifyWorkers:
-    """Send Horovod host-update notifications so members reset at their next commit."""
+    """Send Horovod host-update notifications so members reset at their next commit.
+
+    Always of the "hosts added" kind: Horovod skips the state sync after a reset that was only
+    announced as a removal, but a later epoch may add a newcomer before a member has reset, and
+    a member that skipped the sync then waits forever for a newcomer that is syncing.
+    """
 
     slots: tuple[str, ...]
     timestamp: int
-    removed: bool
 
 
 @dataclass(frozen=True)
@@ -663,9 +667,8 @@ class RingPolicy:
                 )
             )
         if previous is not None and cause == "resize":
-            removed = not (set(target) - set(previous.slots))
             survivors = tuple(s for s in previous.slots if s in view.procs)
-            decisions.append(NotifyWorkers(survivors, epoch, removed))
+            decisions.append(NotifyWorkers(survivors, epoch))
         return decisions
 
     def _maybe_start_epoch(self, view: JobView) -> list[Decision]:

@@ -19,6 +19,7 @@ starts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -113,6 +114,18 @@ class ReadinessBoard:
             self._cond.notify_all()
 
 
+#: Seconds between re-sends of an unacknowledged notification, and how long to keep trying.
+RESEND_INTERVAL: Final = 1.0
+RESEND_FOR: Final = 60.0
+
+
+@dataclass(frozen=True)
+class _Pending:
+    timestamp: int
+    first_sent: float
+    last_sent: float
+
+
 class RendezvousService:
     """Horovod's rendezvous HTTP server with the elastic protocol answered by a ReadinessBoard."""
 
@@ -121,9 +134,11 @@ class RendezvousService:
         self.wait_timeout = wait_timeout
         self._server = RendezvousServer(verbose=0)
         self._clients: dict[str, tuple[object, bytes]] = {}
-        #: The newest notification for each slot, re-sent when a slot (re)registers: a worker
-        #: that registers after a resize was decided must still hear of it.
-        self._pending: dict[str, tuple[int, bool]] = {}
+        #: The newest notification for each slot, re-sent when a slot (re)registers (a worker
+        #: that registers after a resize was decided must still hear of it) and every
+        #: RESEND_INTERVAL until the slot reaches the new epoch: Horovod drops the messages that
+        #: arrive while a worker is still resetting into the previous epoch.
+        self._pending: dict[str, _Pending] = {}
         self._clients_lock = threading.Lock()
         self.port = 0
 
@@ -149,16 +164,31 @@ class RendezvousService:
             self._clients[slot] = (addresses, secret_key)
             pending = self._pending.get(slot)
         if pending is not None:
-            self._send(slot, addresses, secret_key, *pending)
+            self._send(slot, addresses, secret_key, pending.timestamp)
 
-    def notify(self, slots: list[str], timestamp: int, removed: bool) -> None:
+    def notify(self, slots: list[str], timestamp: int) -> None:
         """Tell workers that membership changed; each sends it to its State at next commit."""
+        now = time.monotonic()
         with self._clients_lock:
             for slot in slots:
-                self._pending[slot] = (timestamp, removed)
+                self._pending[slot] = _Pending(timestamp, now, now)
             targets = [(s, self._clients[s]) for s in slots if s in self._clients]
         for slot, (addresses, secret_key) in targets:
-            self._send(slot, addresses, secret_key, timestamp, removed)
+            self._send(slot, addresses, secret_key, timestamp)
+
+    def resend_pending(self) -> None:
+        """Send again the notifications not yet acknowledged (see ``_pending``); a worker
+        ignores a notification it has already seen. Cheap when nothing is pending."""
+        now = time.monotonic()
+        targets = []
+        with self._clients_lock:
+            for slot, pending in self._pending.items():
+                due = now - pending.last_sent >= RESEND_INTERVAL
+                if due and now - pending.first_sent < RESEND_FOR and slot in self._clients:
+                    self._pending[slot] = dataclasses.replace(pending, last_sent=now)
+                    targets.append((slot, self._clients[slot], pending))
+        for slot, (addresses, secret_key), pending in targets:
+            self._send(slot, addresses, secret_key, pending.timestamp, again=True)
 
     def forget(self, slots: list[str]) -> None:
         """Drop pending notifications of slots that reached the new epoch."""
@@ -168,25 +198,38 @@ class RendezvousService:
 
     @staticmethod
     def _send(
-        slot: str, addresses: object, secret_key: bytes, timestamp: int, removed: bool
+        slot: str,
+        addresses: object,
+        secret_key: bytes,
+        timestamp: int,
+        *,
+        again: bool = False,
     ) -> None:
-        update = HostUpdateResult.removed if removed else HostUpdateResult.added
+        update = HostUpdateResult.added  # see launcher.policy.NotifyWorkers
         threading.Thread(
             target=_notify_one,
             args=(slot, addresses, secret_key, timestamp, update),
+            kwargs={"again": again},
             name=f"notify-{slot}",
             daemon=True,
         ).start()
 
 
 def _notify_one(
-    slot: str, addresses: object, secret_key: bytes, timestamp: int, update: HostUpdateResult
+    slot: str,
+    addresses: object,
+    secret_key: bytes,
+    timestamp: int,
+    update: HostUpdateResult,
+    *,
+    again: bool,
 ) -> None:
     try:
         client = WorkerNotificationClient(addresses, secret_key, verbose=0)
         client.notify_hosts_updated(timestamp, update)
     except Exception as exc:  # a worker that died meanwhile cannot be notified; that is fine
-        log.info("slot %s: host-update notification not delivered: %s", slot, exc)
+        level = logging.DEBUG if again else logging.INFO
+        log.log(level, "slot %s: host-update notification not delivered: %s", slot, exc)
 
 
 def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:

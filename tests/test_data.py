@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from elastic_allreduce.data import EpochSharding, global_batch_for
+from elastic_allreduce.data import (
+    ArraySource,
+    EpochSharding,
+    RecordSource,
+    TFRecordSource,
+    global_batch_for,
+)
 from elastic_allreduce.errors import ConfigError
 
 
@@ -79,3 +88,83 @@ def test_bad_arguments_are_rejected_clearly() -> None:
         global_batch_for("cubic", 1, None, 2)
     with pytest.raises(ConfigError, match="needs global_batch"):
         global_batch_for("fixed", 1, None, 2)
+
+
+# -- sources ------------------------------------------------------------------------------------
+
+
+def test_an_array_source_fetches_the_ids_in_the_order_given() -> None:
+    features = np.arange(20, dtype=np.float32).reshape(10, 2)
+    source = ArraySource(features, np.arange(10))
+    x, y = source.fetch(np.array([7, 2, 7], dtype=np.int64))
+    assert y.tolist() == [7, 2, 7] and x[:, 0].tolist() == [14.0, 4.0, 14.0]
+    assert len(source) == 10
+    with pytest.raises(ConfigError, match="differ in length"):
+        ArraySource(features, np.arange(9))
+
+
+def test_a_record_source_reads_only_the_records_it_is_asked_for() -> None:
+    class Files:
+        """An indexable collection that loads one record per access (like files on disk)."""
+
+        def __init__(self) -> None:
+            self.loaded: list[int] = []
+
+        def __len__(self) -> int:
+            return 50
+
+        def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+            self.loaded.append(index)
+            return np.full(3, index, np.float32), index % 4
+
+    files = Files()
+    source = RecordSource(files)
+    files.loaded.clear()
+    x, y = source.fetch(np.array([9, 4], dtype=np.int64))
+    assert files.loaded == [9, 4]
+    assert x.shape == (2, 3) and x[:, 0].tolist() == [9.0, 4.0] and y.tolist() == [1, 0]
+    empty_x, empty_y = source.fetch(np.array([], dtype=np.int64))
+    assert empty_x.shape == (0, 3) and empty_y.shape == (0,)
+    with pytest.raises(ConfigError, match="not a non-empty tuple"):
+        RecordSource(["just a string"])
+
+
+def write_tfrecords(directory: Path, blocks: list[list[bytes]]) -> list[Path]:
+    import tensorflow as tf  # noqa: PLC0415 - only these tests need TensorFlow
+
+    paths = []
+    for number, block in enumerate(blocks):
+        path = directory / f"part-{number}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for record in block:
+                writer.write(record)
+        paths.append(path)
+    return paths
+
+
+def test_tfrecord_shards_are_addressed_by_id_across_files(tmp_path: Path) -> None:
+    blocks = [[f"a{i}".encode() * (i + 1) for i in range(3)], [], [b"b0", b"", b"b2" * 500]]
+    paths = write_tfrecords(tmp_path, blocks)
+    source = TFRecordSource(paths, counts=[3, 0, 3])
+    everything = [record for block in blocks for record in block]
+    assert len(source) == len(everything)
+    order = np.array([5, 0, 4, 2, 3, 1], dtype=np.int64)
+    (records,) = source.fetch(order)
+    assert list(records) == [everything[i] for i in order]
+    source.close()
+    with pytest.raises(ConfigError, match="holds 3 records, not the 4 given"):
+        TFRecordSource(paths, counts=[4, 0, 3])
+    with pytest.raises(ConfigError, match="one count per file"):
+        TFRecordSource(paths, counts=[3])
+
+
+def test_a_compressed_or_foreign_file_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    (path,) = write_tfrecords(tmp_path, [[b"x" * 100] * 5])
+    compressed = tmp_path / "part.tfrecord.gz"
+    compressed.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(ConfigError, match="not an uncompressed TFRecord file"):
+        TFRecordSource([compressed])
+    with pytest.raises(ConfigError, match="cannot read TFRecord file"):
+        TFRecordSource([tmp_path / "missing.tfrecord"])
+    with pytest.raises(ConfigError, match="no TFRecord files"):
+        TFRecordSource([])

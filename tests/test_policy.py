@@ -156,7 +156,7 @@ def test_a_restarted_process_joins_as_a_newcomer_never_as_rank_zero() -> None:
     decisions = step(policy, world)
     ring = of(WriteRing, decisions)[0].ring
     assert ring.cause == "resize" and ring.slots == ("n1.0", "n2.0", "n0.0")
-    assert NotifyWorkers(("n1.0", "n2.0"), ring.epoch, False) in decisions
+    assert NotifyWorkers(("n1.0", "n2.0"), ring.epoch) in decisions
     world.waiting.update({"n1.0": "reset", "n2.0": "reset"})
     assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1, "n0.0": 2}
 
@@ -187,7 +187,7 @@ def test_a_join_is_a_resize_that_notifies_the_members() -> None:
     policy, world, _ = started_job()
     world.add_node("n3")
     decisions = step(policy, world)
-    assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2, False) in decisions
+    assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2) in decisions
     assert any(d.message == "slot n3.0 joined" for d in of(Log, decisions))
     world.waiting.update({s: "reset" for s in ("n0.0", "n1.0", "n2.0")})
     assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1, "n2.0": 2, "n3.0": 3}
@@ -197,7 +197,7 @@ def test_a_graceful_leave_is_a_resize_and_the_leaver_is_told_it_is_removed() -> 
     policy, world, _ = started_job()
     world.members["n2"] = Member("n2", 1, True, world.members["n2"].registered)
     decisions = step(policy, world)
-    assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2, True) in decisions
+    assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2) in decisions
     world.waiting.update({s: "reset" for s in ("n0.0", "n1.0", "n2.0")})
     decisions = step(policy, world)
     released = {s: a for d in of(ReleaseWaiters, decisions) for s, a in d.answers}
@@ -280,3 +280,31 @@ def test_next_membership_keeps_survivor_order_and_appends_newcomers_oldest_first
     current: tuple[str, ...], alive: dict[str, int], expected: tuple[str, ...]
 ) -> None:
     assert next_membership(current, alive) == expected
+
+
+def test_the_last_holder_of_the_state_hands_it_to_a_newcomer_before_it_leaves() -> None:
+    policy, world, slots = started_job(count=2, max_restarts=1)
+    world.kill(slots[1])
+    step(policy, world)
+    world.waiting["n0.0"] = "reset"
+    assert answers(step(policy, world)) == {"n0.0": 0}
+    # The restarted slot is ready to join just as the only member starts to leave.
+    world.add_node("n1", incarnation=2)
+    world.members["n0"] = Member("n0", 1, True, world.members["n0"].registered)
+    decisions = step(policy, world)
+    ring = of(WriteRing, decisions)[0].ring
+    assert ring.cause == "resize" and ring.slots == ("n0.0", "n1.0"), ring
+    world.waiting["n0.0"] = "reset"
+    # The leaver is rank 0 of the hand-off epoch: it broadcasts the committed state.
+    assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1}
+    ring = of(WriteRing, step(policy, world))[0].ring
+    assert ring.slots == ("n1.0",)
+
+
+def test_a_node_that_joins_by_itself_raises_the_target_up_to_the_maximum() -> None:
+    policy, world, _ = started_job(count=2, max_workers=3)
+    world.add_node("j1")
+    decisions = step(policy, world)
+    assert of(StopNode, decisions) == [] and policy.target_workers == 3
+    world.add_node("j2")
+    assert of(StopNode, step(policy, world)) == [StopNode("j2")]

@@ -141,10 +141,10 @@ def start_job(
     return watch_process(command, etcd, job_id, env)
 
 
-def join_job(etcd: EmbeddedEtcd, job: Job, *flags: str) -> Job:
+def join_job(etcd: EmbeddedEtcd, job: Job, *flags: str, env: dict[str, str] | None = None) -> Job:
     """Run `elastic-run join` for ``job`` in the background (its output read like a job's)."""
     command = [ELASTIC_RUN, "join", "--etcd", etcd.endpoints_text, "--job-id", job.job_id, *flags]
-    return watch_process(command, etcd, job.job_id)
+    return watch_process(command, etcd, job.job_id, env)
 
 
 def watch_process(

@@ -448,3 +448,29 @@ def test_a_job_left_by_a_dead_launcher_is_not_silently_restarted(etcd_server: Em
     )
     assert result.returncode == 2
     assert "was started by a launcher that is gone" in result.stderr
+
+
+def test_every_source_in_a_custom_loop_or_keras_fit_trains_the_same_model(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    # A global batch of 25 over 2 ranks: unequal shares (13 and 12), so the weighting matters.
+    args = (
+        *("--samples", "250", "--epochs", "99", "--steps", "16", "--global-batch", "25"),
+        *("--commit-every", "4", "--step-delay", "0"),
+    )
+    results = {}
+    for variant in [(), ("--source", "records"), ("--source", "tfrecords"), ("--keras",)]:
+        job = start_job(
+            etcd_server, "--workers", "2", script=DATA_SCRIPT, script_args=(*args, *variant)
+        )
+        jobs.append(job)
+        assert job.finish() == 0, job.tail()
+        done = job.done()
+        assert len(done) == 2 and len({json.dumps(e.data["weights"]) for e in done}) == 1
+        results[variant] = done[0].data
+    reference = results[()]
+    assert reference["loss"] < 1.0  # it did learn something
+    for variant, result in results.items():
+        assert result["step"] == 16
+        assert result["loss"] == pytest.approx(reference["loss"], rel=1e-5), variant
+        assert result["weights"] == pytest.approx(reference["weights"], rel=1e-5, abs=1e-6)
