@@ -26,6 +26,7 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Sequence
+from typing import Final
 
 from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, StoreError
@@ -185,14 +186,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     guard = RingGuard(store, slot, epoch, excluded)
     guard.start()
 
-    if args[0] == "-m":
-        sys.argv = args[1:]
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = args
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
-        runpy.run_path(args[0], run_name="__main__")
-    return 0
+    code = 1
+    try:
+        if args[0] == "-m":
+            sys.argv = args[1:]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = args
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+        code = 0
+    finally:
+        _exit_within(EXIT_GRACE, code, slot)
+    return code
+
+
+#: Seconds the interpreter may take to shut down after the script has ended.
+EXIT_GRACE: Final = 15.0
+
+
+def _exit_within(seconds: float, code: int, slot: str) -> None:
+    """Arm a watchdog that ends the process if interpreter shutdown hangs (a library thread
+    that never stops); a finished worker that hangs would otherwise look like a hung one."""
+
+    def watchdog() -> None:
+        if threading.Event().wait(seconds):
+            return
+        print(
+            f"slot {slot}: the script ended but the process had not exited {seconds:.0f} s "
+            f"later (a thread that does not stop?); exiting with code {code}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(code)
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
 
 
 if __name__ == "__main__":
