@@ -196,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
             runpy.run_path(args[0], run_name="__main__")
         code = 0
+        # Said before the interpreter shuts down: that may outlast this lease's keep-alive.
+        try:
+            store.put(f"procs/{slot}", {**record, "phase": "finished"}, lease=lease)
+        except StoreError as exc:
+            print(f"slot {slot}: could not report the end of the script: {exc}", file=sys.stderr)
     finally:
         _exit_within(EXIT_GRACE, code, slot)
     return code

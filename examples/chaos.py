@@ -1,11 +1,12 @@
 """`make chaos`: the CNN digits example without faults, then under chaos; accuracies compared.
 
-Both runs use `elastic-run --standalone` with 2 workers and the same seed. The chaos run kills a
-training process (SIGKILL) three times -- each time once the job trains at 2 ranks or more, so a
-holder of the committed state always survives -- and two more workers join with
-`elastic-run join`. With a fixed global batch and exactly-once data the chaos run must end
-within one accuracy point of the clean run, and the sample audit must find every digit used
-exactly once per epoch. Prints the figures; exit 0 when both hold.
+Both runs use `elastic-run --standalone` with 2 workers, the same seed and 30 epochs (so that
+the changes land while it trains). The chaos run kills a training process (SIGKILL) three times
+-- each time once the job trains at 2 ranks or more, so a holder of the committed state always
+survives -- and two more workers join with `elastic-run join`. With a fixed global batch and
+exactly-once data the chaos run must end within one accuracy point of the clean run, and the
+sample audit must find every digit used exactly once per epoch. Prints the figures; exit 0
+when both hold.
 """
 
 import argparse
@@ -59,11 +60,11 @@ def run(epochs: int, chaos: bool) -> tuple[float, float, int, list[str]]:
         job_id, etcd = first.split()[2], first.split()[-1]
         if chaos:
             for action, epoch in [
-                ("kill", 1),
-                ("join", 2),
-                ("kill", 4),
-                ("join", 5),
-                ("kill", 7),
+                ("kill", 3),
+                ("join", 6),
+                ("kill", 12),
+                ("join", 15),
+                ("kill", 21),
             ]:
                 ranks = 2 if action == "kill" else 1
                 lines.wait_for(reached(epoch, ranks), 300, f"epoch {epoch} at {ranks}+ ranks", job)
@@ -71,6 +72,7 @@ def run(epochs: int, chaos: bool) -> tuple[float, float, int, list[str]]:
                     slot, pid = _victim(etcd, job_id)
                     banner(f"SIGKILL to the training process of slot {slot} (pid {pid})")
                     os.kill(pid, signal.SIGKILL)
+                    lines.wait_for(lambda s, slot=slot: f"slot {slot} crashed" in s, 60, "", job)
                 else:
                     banner("one more worker joins: elastic-run join")
                     joiner = subprocess.Popen(
@@ -113,7 +115,7 @@ def run(epochs: int, chaos: bool) -> tuple[float, float, int, list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=30)
     args = parser.parse_args()
     clean, clean_s, clean_audit, _ = run(args.epochs, chaos=False)
     chaotic, chaos_s, chaos_audit, changes = run(args.epochs, chaos=True)

@@ -187,7 +187,10 @@ class Launcher:
             parts = key.split("/")
             if parts[0] == "procs" and len(parts) == 2:
                 procs[parts[1]] = Proc(
-                    parts[1], as_int(value.get("incarnation"), 1), kv.create_revision
+                    parts[1],
+                    as_int(value.get("incarnation"), 1),
+                    kv.create_revision,
+                    finished=value.get("phase") == "finished",
                 )
             elif parts[0] == "members" and len(parts) == 2:
                 members[parts[1]] = Member(

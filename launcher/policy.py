@@ -78,6 +78,8 @@ class Proc:
     slot: str
     incarnation: int
     registered: int
+    #: The script ended successfully; the process is shutting down (its lease may lapse first).
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,8 @@ class RingPolicy:
     voluntary_leaves: set[str] = field(default_factory=set)
     disrupted_handled: set[str] = field(default_factory=set)
     scale_request: int | None = None
+    #: Slots whose script ended successfully, with the incarnation that did.
+    finishing: dict[str, int] = field(default_factory=dict)
     #: Slots of the last epoch that ran: they hold the committed state (after its sync).
     holders: set[str] = field(default_factory=set)
 
@@ -299,6 +303,9 @@ class RingPolicy:
         for exit_ in view.exits:
             decisions += self._on_exit(exit_, view)
         decisions += self._on_lost_leases(view)
+        for proc in view.procs.values():
+            if proc.finished:
+                self.finishing[proc.slot] = proc.incarnation
         if self.phase is Phase.FINISHING:
             decisions += self._reject_all_waiters(view)
             decisions += self._maybe_finish(view)
@@ -328,6 +335,13 @@ class RingPolicy:
             self.handled_exits.add((slot, incarnation))
             node, index = split_slot(slot)
             member = view.members.get(node)
+            if self.finishing.get(slot) == incarnation:
+                # The script had ended well: a slow interpreter exit, not a hang.
+                self.finished.add(slot)
+                if self.phase is Phase.RUNNING:
+                    self.phase = Phase.FINISHING
+                decisions.append(Log(f"slot {slot} finished training (its process is exiting)"))
+                continue
             problem = f"slot {slot} lost its lease (hung or unreachable)"
             if self.ring is not None and slot in self.ring.slots:
                 decisions.append(

@@ -308,3 +308,16 @@ def test_a_node_that_joins_by_itself_raises_the_target_up_to_the_maximum() -> No
     assert of(StopNode, decisions) == [] and policy.target_workers == 3
     world.add_node("j2")
     assert of(StopNode, step(policy, world)) == [StopNode("j2")]
+
+
+def test_a_finished_script_whose_lease_lapses_while_it_exits_is_not_a_hang() -> None:
+    policy, world, slots = started_job(count=2, max_restarts=2)
+    world.procs[slots[0]] = Proc(slots[0], 1, world.procs[slots[0]].registered, finished=True)
+    step(policy, world)
+    del world.procs[slots[0]]  # the lease lapsed before the process exited
+    decisions = step(policy, world)
+    assert of(SetDirective, decisions) == [] and of(WriteRing, decisions) == []
+    assert any("finished training" in d.message for d in of(Log, decisions))
+    # A hang of the other slot, whose script had not ended, is still a hang.
+    del world.procs[slots[1]]
+    assert any("lost its lease" in d.message for d in of(Log, step(policy, world)))
