@@ -230,10 +230,11 @@ def horovodrun_static_throughput(
     params: int = 1_000_000,
     env: dict[str, str] | None = None,
     settle_s: float = 3.0,
-) -> float:
+) -> dict[str, float]:
     """Rank-0 steps per second of static ``horovodrun --gloo -np np_ -H localhost:np_``.
 
-    Measured by :func:`bench.jobs.step_rate`, exactly as for ``elastic-run``.
+    Measured by :func:`bench.jobs.step_rate`, exactly as for ``elastic-run`` (steps/s and the
+    CPU used by the workers and by horovodrun's own processes).
     """
     args = [
         "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
@@ -258,7 +259,7 @@ def main() -> None:
     recovery = horovodrun_elastic_recovery(args.trials, args.np_, args.gloo_timeout)
     print(f"horovodrun elastic recovery (np={args.np_}): {summarize(recovery)}", flush=True)
     rate = horovodrun_static_throughput(args.seconds)
-    print(f"horovodrun static throughput (np=2): {rate:.2f} steps/s", flush=True)
+    print(f"horovodrun static throughput (np=2): {rate}", flush=True)
 
 
 if __name__ == "__main__":

@@ -205,11 +205,60 @@ class HorovodRunJob(LineJob):
     prefix = _HOROVODRUN_LINE
 
 
-def step_rate(job: LineJob, seconds: float, warmup_steps: int = 20, settle_s: float = 3.0) -> float:
+def _stat_fields(pid: int) -> list[str]:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return text[text.rindex(")") + 2 :].split()  # the fields after "(comm)"
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process descended from it (by parent pid, from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used so far (gone ones count 0)."""
+    ticks = 0
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _is_worker(pid: int, marker: str) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def step_rate(
+    job: LineJob,
+    seconds: float,
+    warmup_steps: int = 20,
+    settle_s: float = 3.0,
+    extra_pids: tuple[int, ...] = (),
+) -> dict[str, float]:
     """Rank 0's steps per second over ``seconds``, the same way for every launcher.
 
     Waits for ``warmup_steps`` step records of rank 0, then ``settle_s`` more, then counts rank
-    0's step records that arrive in the next ``seconds`` seconds.
+    0's step records that arrive in the next ``seconds`` seconds. Also returns the CPU the job
+    used in that window, in cores: its training processes (``workers_cpu``) and everything else
+    it runs plus ``extra_pids`` (``others_cpu``: launcher, agents, etcd, horovodrun's driver).
     """
 
     def rank0_steps() -> int:
@@ -217,13 +266,22 @@ def step_rate(job: LineJob, seconds: float, warmup_steps: int = 20, settle_s: fl
 
     job.wait_for(lambda: rank0_steps() >= warmup_steps, STARTUP_LIMIT_S, "rank 0 to warm up")
     job.wait_seconds(settle_s)
+    pids = process_tree(job.proc.pid) + list(extra_pids)
+    workers = [pid for pid in pids if _is_worker(pid, "hvd_steps.py")]
+    others = [pid for pid in pids if pid not in workers]
+    cpu_before = cpu_seconds(workers), cpu_seconds(others)
     start = time.monotonic()
     end = start + seconds
     job.wait_seconds(seconds)
+    cpu_after = cpu_seconds(workers), cpu_seconds(others)
     count = sum(
         1 for r in job.snapshot("step") if r.data.get("rank") == 0 and start < r.arrived <= end
     )
-    return count / seconds
+    return {
+        "steps_per_s": count / seconds,
+        "workers_cpu": (cpu_after[0] - cpu_before[0]) / seconds,
+        "others_cpu": (cpu_after[1] - cpu_before[1]) / seconds,
+    }
 
 
 def summarize(values: Sequence[float | None]) -> dict[str, Any]:

@@ -18,8 +18,8 @@ MiB = 1024 * 1024
 LIMITS = {
     "throughput": (
         "The two launchers run the same script with the same Horovod settings; what differs is "
-        "the launcher, agents and etcd sharing the 2 cores with the workers, and the noise of a "
-        "shared machine (see the per-round ratios)."
+        "the rest of what each launcher runs beside the workers on the same cores (see the CPU "
+        "table of item 1) and the noise of a shared machine (see the per-round ratios)."
     ),
     "crash": (
         "Recovery is bounded by the ring guard noticing the failure epoch in etcd, Horovod's "
@@ -30,10 +30,11 @@ LIMITS = {
         "launcher, so recovery is at least the TTL plus etcd's lease-expiry granularity."
     ),
     "scaleup": (
-        "After the resize epoch is written the survivors reset at their next commit, re-init "
-        "Horovod (a new Gloo context) and sync; the joiner first runs the script's code after "
-        "hvd.init (model build, the first tf.function trace), and every rank waits for it in "
-        "the sync broadcast: that wait is the pause the survivors see."
+        'The rows "from ready" of item 4 show where the time goes: the survivors\' reset and the '
+        "joiner's hvd.init() take a fraction of it; the rest is the joiner running the script's "
+        "code after hvd.init() in a cold process (building the model, the state, the first "
+        "tf.function trace), while every other rank waits for it in the state broadcast and "
+        "the first allreduce: that wait is the pause the survivors see."
     ),
 }
 
@@ -53,7 +54,8 @@ def _mbps(value: float | None) -> str:
 def _size(nbytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1024)):
         if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{nbytes} B"
 
 
@@ -104,22 +106,59 @@ def _throughput(item: dict[str, Any]) -> list[str]:
         f"Ratio of medians elastic-run / horovodrun: **{item['ratio']:.3f}** (target >= "
         f"{item['target']}: {_met(item['met'])}); per round: {ratios}.",
         "",
+        *_cpu(item.get("cpu")),
+    ]
+
+
+def _cpu(cpu: dict[str, Any] | None) -> list[str]:
+    if not cpu:
+        return []
+    return [
+        "CPU used during the measured windows, in cores: the training processes, and the rest "
+        "of what the launcher runs (elastic-run: launcher, agents, etcd; horovodrun: its driver "
+        "and task services).",
+        "",
+        *_table(
+            ["launcher", "training processes", "the rest"],
+            [
+                [
+                    "elastic-run",
+                    _stat(cpu["elastic_run_workers"], "", 2),
+                    _stat(cpu["elastic_run_others"], "", 3),
+                ],
+                [
+                    "horovodrun --gloo (static)",
+                    _stat(cpu["horovodrun_workers"], "", 2),
+                    _stat(cpu["horovodrun_others"], "", 3),
+                ],
+            ],
+        ),
+        "",
     ]
 
 
 def _sweep(item: dict[str, Any]) -> list[str]:
-    rows = [["Horovod defaults", "", _stat(item["default"], "", 2), "1.000"]]
+    rows = [["Horovod defaults", "", _stat(item["default"], "", 2), "1.000", ""]]
     for name, variant in item["variants"].items():
         env = " ".join(f"{k}={v}" for k, v in variant["env"].items())
+        per_round = ", ".join(f"{r:.3f}" for r in variant.get("vs_default_per_round", []))
         rows.append(
-            [name, f"`{env}`", _stat(variant["steps_per_s"], "", 2), f"{variant['vs_default']:.3f}"]
+            [
+                name,
+                f"`{env}`",
+                _stat(variant["steps_per_s"], "", 2),
+                f"{variant['vs_default']:.3f}",
+                per_round,
+            ]
         )
     verdict = (
-        f"**{item['winner']}** beats the defaults by more than {item['winner_margin']:.1%} "
-        "(the noise margin): worth making the default."
+        f"**{item['winner']}** beats the defaults in every round by more than "
+        f"{item['winner_margin']:.1%} (the noise margin) in this run: a candidate for the default"
+        + (", to be confirmed by a full run." if item["rounds"] < 2 else ".")
         if item.get("winner")
-        else f"No setting beats the defaults by more than {item['winner_margin']:.1%} (the noise "
-        "margin: 3 % or the defaults' own round-to-round spread): keep Horovod's defaults."
+        else f"No setting beats the defaults in every round by more than "
+        f"{item['winner_margin']:.1%} (the noise margin: 3 % or the defaults' own "
+        "round-to-round spread): keep Horovod's defaults."
     )
     return [
         "### Fusion threshold / cycle time sweep (elastic-run, same workload)",
@@ -128,10 +167,10 @@ def _sweep(item: dict[str, Any]) -> list[str]:
         + (
             "; the defaults are item 1's elastic-run rounds."
             if item.get("default_from_throughput_item")
-            else ", alternating with the defaults."
+            else ", alternating with the defaults (each round starts at another setting)."
         ),
         "",
-        *_table(["setting", "environment", "steps/s", "vs defaults"], rows),
+        *_table(["setting", "environment", "steps/s", "vs defaults", "per round"], rows),
         "",
         verdict,
         "",

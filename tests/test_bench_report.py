@@ -55,6 +55,15 @@ def synthetic() -> dict[str, Any]:
                 "horovodrun_static": summarize([10.5, 11.0]),
                 "ratio": 0.98,
                 "round_ratios": [0.95, 1.0],
+                "cpu": {
+                    name: summarize([0.5, 1.9])
+                    for name in (
+                        "elastic_run_workers",
+                        "elastic_run_others",
+                        "horovodrun_workers",
+                        "horovodrun_others",
+                    )
+                },
                 "target": 0.97,
                 "met": True,
             },
