@@ -772,8 +772,12 @@ class RingPolicy:
         members = self.ring.slots if self.ring else ()
         if any(slot in view.procs for slot in members):
             return []
-        if self.finish_failure is None and all(slot in self.finished for slot in members):
-            return self._finish(True, f"training finished on {len(members)} ranks", view)
+        trained = members
+        if self.ring is not None and self.ring.state is RingState.FORMING:
+            # The epoch never ran (training ended first): its newcomers had nothing to finish.
+            trained = tuple(s for s in members if s in self.holders)
+        if self.finish_failure is None and trained and all(s in self.finished for s in trained):
+            return self._finish(True, f"training finished on {len(trained)} ranks", view)
         reason = self.finish_failure or self.failure or "training processes exited before finishing"
         return self._finish(False, reason, view)
 

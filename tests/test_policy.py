@@ -321,3 +321,17 @@ def test_a_finished_script_whose_lease_lapses_while_it_exits_is_not_a_hang() -> 
     # A hang of the other slot, whose script had not ended, is still a hang.
     del world.procs[slots[1]]
     assert any("lost its lease" in d.message for d in of(Log, step(policy, world)))
+
+
+def test_a_newcomer_whose_epoch_never_ran_does_not_fail_a_finished_job() -> None:
+    policy, world, slots = started_job(count=2)
+    world.add_node("n2")
+    ring = of(WriteRing, step(policy, world))[0].ring
+    assert ring.state is RingState.FORMING and "n2.0" in ring.slots
+    # Training ends before the members reach a commit: they finish, the newcomer is sent away.
+    for slot in slots:
+        world.kill(slot, code=0, signal=None)
+    world.kill("n2.0", code=75, signal=None)
+    finish = of(FinishJob, step(policy, world))
+    assert len(finish) == 1 and finish[0].succeeded, finish
+    assert finish[0].reason == "training finished on 2 ranks"

@@ -7,8 +7,8 @@
 - optionally a namespace's etcd (``with_etcd``): peer and client Services, a StatefulSet and the
   NetworkPolicy that lets only elastic-allreduce pods reach it. It carries no job label: jobs of
   one namespace share it, and deleting a job leaves it;
-- the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete and events
-  create, nothing else), the worker pod template in a ConfigMap, the job's NetworkPolicies and
+- the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch and
+  events create, nothing else), the worker pod template in a ConfigMap, the job's NetworkPolicies and
   the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
 
 The kustomize base in ``k8s/base`` holds the same objects for the default job
@@ -391,7 +391,8 @@ def _rbac(spec: JobSpec) -> list[Manifest]:
                 {
                     "apiGroups": [""],
                     "resources": ["pods"],
-                    "verbs": ["create", "delete", "get", "list", "watch"],
+                    # patch: the ring annotation on the launcher's own pod.
+                    "verbs": ["create", "delete", "get", "list", "patch", "watch"],
                 },
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
             ],

@@ -167,6 +167,7 @@ def test_the_launcher_has_exactly_the_least_privilege_it_needs(overlay: str) -> 
         ("", "pods", "list"),
         ("", "pods", "watch"),
         ("", "pods", "delete"),
+        ("", "pods", "patch"),  # the ring annotation on the launcher's own pod
         ("", "events", "create"),
     }
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
