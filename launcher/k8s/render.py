@@ -7,9 +7,9 @@
 - optionally a namespace's etcd (``with_etcd``): peer and client Services, a StatefulSet and the
   NetworkPolicy that lets only elastic-allreduce pods reach it. It carries no job label: jobs of
   one namespace share it, and deleting a job leaves it;
-- the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch and
-  events create, nothing else), the worker pod template in a ConfigMap, the job's NetworkPolicies and
-  the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
+- the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch
+  and events create, nothing else), the worker pod template in a ConfigMap, the job's
+  NetworkPolicies and the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
 
 The kustomize base in ``k8s/base`` holds the same objects for the default job
 (``tests/k8s/test_manifests.py`` checks that they are equal).
