@@ -244,7 +244,7 @@ def horovodrun_static_throughput(
     ]  # fmt: skip
     with _TaggedHorovodRun(args, env) as job:
         log("horovodrun static: " + " ".join(job.command))
-        return step_rate(job, seconds, settle_s=settle_s)
+        return step_rate(job, seconds, np_, settle_s=settle_s)
 
 
 def main() -> None:

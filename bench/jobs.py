@@ -249,22 +249,32 @@ def _is_worker(pid: int, marker: str) -> bool:
 def step_rate(
     job: LineJob,
     seconds: float,
+    size: int,
+    *,
     warmup_steps: int = 20,
     settle_s: float = 3.0,
     extra_pids: tuple[int, ...] = (),
 ) -> dict[str, float]:
-    """Rank 0's steps per second over ``seconds``, the same way for every launcher.
+    """Rank 0's steps per second at ``size`` ranks over ``seconds``, the same for every launcher.
 
-    Waits for ``warmup_steps`` step records of rank 0, then ``settle_s`` more, then counts rank
-    0's step records that arrive in the next ``seconds`` seconds. Also returns the CPU the job
-    used in that window, in cores: its training processes (``workers_cpu``) and everything else
-    it runs plus ``extra_pids`` (``others_cpu``: launcher, agents, etcd, horovodrun's driver).
+    Waits for ``warmup_steps`` step records of rank 0 at ``size``, then ``settle_s`` more, then
+    counts rank 0's step records that arrive in the next ``seconds`` seconds; a step at another
+    size in the window (a worker was lost) makes it a :class:`BenchError`. Also returns the CPU
+    the job used in that window, in cores: its training processes (``workers_cpu``) and the
+    rest it runs plus ``extra_pids`` (``others_cpu``: launcher, agents, etcd, horovodrun's
+    driver).
     """
 
     def rank0_steps() -> int:
-        return sum(1 for r in job.records if r.event == "step" and r.data.get("rank") == 0)
+        return sum(
+            1
+            for r in job.records
+            if r.event == "step" and r.data.get("rank") == 0 and r.data.get("size") == size
+        )
 
-    job.wait_for(lambda: rank0_steps() >= warmup_steps, STARTUP_LIMIT_S, "rank 0 to warm up")
+    job.wait_for(
+        lambda: rank0_steps() >= warmup_steps, STARTUP_LIMIT_S, f"rank 0 to warm up at {size}"
+    )
     job.wait_seconds(settle_s)
     pids = process_tree(job.proc.pid) + list(extra_pids)
     workers = [pid for pid in pids if _is_worker(pid, "hvd_steps.py")]
@@ -274,11 +284,14 @@ def step_rate(
     end = start + seconds
     job.wait_seconds(seconds)
     cpu_after = cpu_seconds(workers), cpu_seconds(others)
-    count = sum(
-        1 for r in job.snapshot("step") if r.data.get("rank") == 0 and start < r.arrived <= end
-    )
+    window = [
+        r for r in job.snapshot("step") if r.data.get("rank") == 0 and start < r.arrived <= end
+    ]
+    sizes = {r.data.get("size") for r in window}
+    if sizes != {size}:
+        raise BenchError(f"rank 0 stepped at sizes {sorted(sizes)}, not only {size}: {job.why()}")
     return {
-        "steps_per_s": count / seconds,
+        "steps_per_s": len(window) / seconds,
         "workers_cpu": (cpu_after[0] - cpu_before[0]) / seconds,
         "others_cpu": (cpu_after[1] - cpu_before[1]) / seconds,
     }

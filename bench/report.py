@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,13 +107,34 @@ def _throughput(item: dict[str, Any]) -> list[str]:
         f"Ratio of medians elastic-run / horovodrun: **{item['ratio']:.3f}** (target >= "
         f"{item['target']}: {_met(item['met'])}); per round: {ratios}.",
         "",
-        *_cpu(item.get("cpu")),
+        *_cpu(item),
     ]
 
 
-def _cpu(cpu: dict[str, Any] | None) -> list[str]:
+def _per_cpu(item: dict[str, Any], launcher: str, workers: str) -> float | None:
+    """Median over rounds of steps/s divided by the cores the training processes got."""
+    steps = item[launcher]["values"]
+    cores = item["cpu"][workers]["values"]
+    ratios = [s / c for s, c in zip(steps, cores, strict=False) if s and c]
+    return statistics.median(ratios) if ratios else None
+
+
+def _cpu(item: dict[str, Any]) -> list[str]:
+    cpu = item.get("cpu")
     if not cpu:
         return []
+    ours = _per_cpu(item, "elastic_run", "elastic_run_workers")
+    theirs = _per_cpu(item, "horovodrun_static", "horovodrun_workers")
+    efficiency = (
+        [
+            f"Steps per CPU-second of the training processes (median over rounds; less "
+            f"sensitive to what else the machine runs): elastic-run {ours:.1f}, horovodrun "
+            f"{theirs:.1f}, ratio {ours / theirs:.3f}.",
+            "",
+        ]
+        if ours and theirs
+        else []
+    )
     return [
         "CPU used during the measured windows, in cores: the training processes, and the rest "
         "of what the launcher runs (elastic-run: launcher, agents, etcd; horovodrun: its driver "
@@ -134,6 +156,7 @@ def _cpu(cpu: dict[str, Any] | None) -> list[str]:
             ],
         ),
         "",
+        *efficiency,
     ]
 
 
@@ -443,7 +466,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.axhline(allreduce["loopback_Bps"] / MiB, color="grey", ls="--", label="loopback TCP")
     ax.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="bus bandwidth MiB/s")
     ax.set_title("7. allreduce bus bandwidth (2 ranks)")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
     ax = axes[0][1]
     faults = items.get("faults", {})

@@ -1,6 +1,7 @@
 """The benchmark suite: elastic-run side by side with horovodrun (and MPI), in one run.
 
     python -m bench.suite [--quick] [--items a,b,...] [--out DIR] [--markdown FILE]
+    python -m bench.suite --render [--out DIR] [--markdown FILE]
 
 Runs the items in order (each a module of bench/items/), then writes DIR/latest.json,
 DIR/latest.png and the Markdown report (bench/RESULTS.md by default). Nothing is asserted:
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -110,7 +112,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--markdown", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: write the report and plot again from DIR/latest.json",
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        results = json.loads((args.out / "latest.json").read_text())
+        written = report.write(results, args.out, args.markdown)
+        log("wrote " + ", ".join(map(str, written)))
+        return 0
     chosen = [name.strip() for name in args.items.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(ITEMS))
     if unknown:

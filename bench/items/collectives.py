@@ -61,7 +61,7 @@ def horovod(ctx: Context, env: dict[str, str] | None = None) -> list[dict[str, A
     with ElasticRunJob(
         ctx.endpoints,
         ctx.job_id("allreduce"),
-        flags=("--workers", str(RANKS), "--max-restarts", "0"),
+        flags=("--workers", str(RANKS), "--min-workers", str(RANKS), "--max-restarts", "0"),
         script=SCRIPT,
         script_args=_script_args(ctx),
         env=env,

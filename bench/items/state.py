@@ -47,7 +47,16 @@ def _one_job(ctx: Context) -> list[dict[str, Any]]:
     with ElasticRunJob(
         ctx.endpoints,
         ctx.job_id("state"),
-        flags=("--workers", "2", "--max-restarts", "0", "--wait-timeout", "5"),
+        flags=(
+            "--workers",
+            "2",
+            "--min-workers",
+            "2",
+            "--max-restarts",
+            "0",
+            "--wait-timeout",
+            "5",
+        ),
         script=SCRIPT,
         script_args=(
             *("--params", ",".join(map(str, MODELS)), "--steps", str(ctx.pick(12, 30))),

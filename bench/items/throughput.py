@@ -11,11 +11,12 @@ same round.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from bench.horovodrun_baseline import MANY_STEPS, WORKLOAD, horovodrun_static_throughput
 from bench.items.context import Context
-from bench.jobs import ElasticRunJob, log, step_rate, summarize
+from bench.jobs import BenchError, ElasticRunJob, log, step_rate, summarize
 
 PARAMS = 1_000_000
 #: Horovod settings tried against its defaults (no variable set: what elastic-run runs today).
@@ -28,20 +29,36 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+def twice(measure: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``measure()``, once more if the job failed (a worker lost to the machine's load)."""
+    try:
+        return measure()
+    except BenchError as exc:
+        log(f"throughput: a job failed, measuring again: {exc}")
+        return measure()
+
+
 def elastic_run_rate(
     ctx: Context, seconds: float, env: dict[str, str] | None = None, params: int = PARAMS
 ) -> dict[str, float]:
     """Rank 0's steps per second of ``elastic-run --workers 2`` on the workload (and CPU)."""
+    return twice(lambda: _elastic_run_rate(ctx, seconds, env, params))
+
+
+def _elastic_run_rate(
+    ctx: Context, seconds: float, env: dict[str, str] | None, params: int
+) -> dict[str, float]:
     with ElasticRunJob(
         ctx.endpoints,
         ctx.job_id("throughput"),
-        flags=("--workers", "2", "--max-restarts", "0"),
+        # --min-workers 2: a lost worker fails the job instead of shrinking it to one rank.
+        flags=("--workers", "2", "--min-workers", "2", "--max-restarts", "0"),
         script=str(WORKLOAD),
         script_args=("--steps", str(MANY_STEPS), "--params", str(params)),
         env=env,
     ) as job:
         etcd = (ctx.etcd.pid,) if ctx.etcd.pid else ()
-        return step_rate(job, seconds, settle_s=ctx.pick(2.0, 3.0), extra_pids=etcd)
+        return step_rate(job, seconds, 2, settle_s=ctx.pick(2.0, 3.0), extra_pids=etcd)
 
 
 def run(ctx: Context) -> dict[str, Any]:
