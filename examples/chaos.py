@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from demo import BIN, ROOT, Output, _victim, banner
+from demo import BIN, ROOT, Output, _victim, banner, start_joiner
 
 _REPORT = re.compile(r"^\[(\S+) e\d+ r0 \S+\] (\{.*\})$")
 
@@ -75,16 +75,7 @@ def run(epochs: int, chaos: bool) -> tuple[float, float, int, list[str]]:
                     lines.wait_for(lambda s, slot=slot: f"slot {slot} crashed" in s, 60, "", job)
                 else:
                     banner("one more worker joins: elastic-run join")
-                    joiner = subprocess.Popen(
-                        [str(BIN / "elastic-run"), "join", "--etcd", etcd, "--job-id", job_id],
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                        cwd=ROOT,
-                    )
-                    lines.follow(joiner)
-                    joiners.append(joiner)
+                    joiners.append(start_joiner(etcd, job_id, env, lines))
         code = job.wait(timeout=600)
         for joiner in joiners:
             joiner.wait(timeout=60)

@@ -70,6 +70,20 @@ def epoch_report(line: str, size: int | None = None, at_least: int = 0) -> bool:
     return report.get("epoch", -1) >= at_least and (size is None or report.get("ranks") == size)
 
 
+def start_joiner(etcd: str, job_id: str, env: dict[str, str], lines: Output):
+    """`elastic-run join` for the job, its output followed into ``lines``."""
+    joiner = subprocess.Popen(
+        [str(BIN / "elastic-run"), "join", "--etcd", etcd, "--job-id", job_id],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    lines.follow(joiner)
+    return joiner
+
+
 def main() -> int:
     audit = Path(tempfile.mkdtemp(prefix="elastic-allreduce-demo-audit-"))
     env = {**os.environ, "ELASTIC_ALLREDUCE_SAMPLE_LOG": str(audit)}
@@ -91,15 +105,7 @@ def main() -> int:
     try:
         lines.wait_for(lambda s: epoch_report(s, size=2, at_least=2), 120, "two epochs", job)
         banner("a third worker joins: elastic-run join")
-        joiner = subprocess.Popen(
-            [str(BIN / "elastic-run"), "join", "--etcd", etcd, "--job-id", job_id],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-        )
-        lines.follow(joiner)
+        joiner = start_joiner(etcd, job_id, env, lines)
         lines.wait_for(lambda s: epoch_report(s, size=3), 120, "training at 3 ranks", job)
         victim = _victim(etcd, job_id)
         banner(f"killing training process of slot {victim[0]} (pid {victim[1]}) with SIGKILL")

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +41,6 @@ FIXED_ARGS = (
     *("--samples", "240", "--epochs", "99", "--steps", "20", "--global-batch", "24"),
     *("--commit-every", "1", "--step-delay", "0.15"),
 )
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Job]]:
-    started: list[Job] = []
-    yield started
-    for job in started:
-        job.stop()
 
 
 def assert_consistent_finish(job: Job, expected_slots: int) -> None:

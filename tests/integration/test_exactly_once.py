@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,14 +69,6 @@ SCHEDULES: dict[str, tuple[tuple[str, ...], tuple[Action, ...]]] = {
         ),
     ),
 }
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Job]]:
-    started: list[Job] = []
-    yield started
-    for job in started:
-        job.stop()
 
 
 def audit_records(directory: Path) -> list[dict[str, Any]]:
