@@ -350,7 +350,12 @@ def _collectives(item: dict[str, Any]) -> list[str]:
         for k, v in item["peak_vs_loopback"].items()
         if v is not None
     )
-    lines += [f"- Peak bus bandwidth as a share of the loopback bound: {peaks}", ""]
+    lines += [
+        f"- Peak bus bandwidth as a share of the loopback bound: {peaks}. The bound is that of "
+        "TCP transports (Gloo, MPI with TCP only); Open MPI's defaults use shared memory "
+        "between processes of one machine, which TCP does not bound.",
+        "",
+    ]
     return lines
 
 
