@@ -96,6 +96,8 @@ class Agent:
                 f"unknown job {settings.job_id!r} at {self.store.describe()}: start it with "
                 "`elastic-run ...` first, or check --job-id and --etcd"
             )
+        # Before registering: a SIGTERM right after registration must be a graceful leave.
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         lease = self._lease = self.store.grant_lease(settings.lease_ttl)
         member: JsonValue = {
             "host": settings.host,
@@ -107,7 +109,6 @@ class Agent:
             raise ConfigError(
                 f"node id {settings.node_id!r} is already a member of job {settings.job_id!r}"
             )
-        signal.signal(signal.SIGTERM, self._on_sigterm)
         cache = PrefixCache(self.store, self._events)
         try:
             rendezvous = self._wait_for_launcher(cache)
