@@ -381,7 +381,9 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
     )
     assert job.finish() == 0, job.tail()
     sizes = {e.data["size"] for e in job.commits()}
-    assert {2, 3} <= sizes, sizes
+    # Size 2 is usually seen too, unless a survivor stayed stuck in a collective until the
+    # restart was back (the schedule tests in test_exactly_once.py pin resizes down).
+    assert 3 in sizes and any("(failure)" in line for line in job.lines), job.tail(150)
     # The linear learning-rate policy followed every resize (0.05 x ranks).
     assert {(e.data["size"], e.data["lr"]) for e in job.commits()} == {
         (size, round(0.05 * size, 6)) for size in sizes

@@ -50,7 +50,7 @@ class Action:
 
 SCHEDULES: dict[str, tuple[tuple[str, ...], tuple[Action, ...]]] = {
     "custom-loop-arrays": (
-        (),
+        ("--scale-lr",),
         (
             Action("kill", "between-commits"),
             Action("join", "after-commit", min_size=1),
@@ -178,4 +178,9 @@ def test_every_sample_is_applied_exactly_once_through_a_schedule_of_changes(
         rings.setdefault((record["epoch"], record["step"]), set()).add(record["ring"])
     assert any(len(r) > 1 for r in rings.values()), "no step was rolled back and re-run"
     assert any("is leaving gracefully" in line for line in job.lines), job.tail()
-    assert len({e.data["size"] for e in job.commits()}) >= 2, "the job never changed size"
+    sizes = {e.data["size"] for e in job.commits()}
+    assert len(sizes) >= 2, "the job never changed size"
+    if "--scale-lr" in flags:  # the linear learning-rate policy followed every resize
+        assert {(e.data["size"], e.data["lr"]) for e in job.commits()} == {
+            (size, round(0.05 * size, 6)) for size in sizes
+        }
