@@ -1018,6 +1018,11 @@ class FakeKube:
             new.setdefault("metadata", {})["resourceVersion"] = old["metadata"]["resourceVersion"]
         return self._update(key, name, new, subresource, expected)
 
+    def _expired(self, cursor: int) -> Obj:
+        """The ERROR event the real server sends for a resourceVersion older than compaction."""
+        message = f"too old resource version: {cursor} ({self._compacted})"
+        return {"type": "ERROR", "object": status_object(410, "Expired", message, None)}
+
     def watch(self, path: str, query: dict[str, str]) -> Iterator[Obj]:
         """The events of a watch request, as the real server streams them (see module doc)."""
         key, name, _ = parse_path(path)
@@ -1047,17 +1052,7 @@ class FakeKube:
                         400, "BadRequest", f"invalid resourceVersion {since!r}"
                     ) from None
                 if cursor < self._compacted:
-                    initial = [
-                        {
-                            "type": "ERROR",
-                            "object": status_object(
-                                410,
-                                "Expired",
-                                f"too old resource version: {cursor} ({self._compacted})",
-                                None,
-                            ),
-                        }
-                    ]
+                    initial = [self._expired(cursor)]
                     cursor = -1
         spec = _WatchSpec(key, labels, fields, all_namespaces, generation)
         return self._watch_stream(spec, initial, cursor, query)
@@ -1093,17 +1088,7 @@ class FakeKube:
                         return
                     if cursor < self._compacted:
                         # Compacted while we were behind: the real server ends such a watch.
-                        batch = [
-                            {
-                                "type": "ERROR",
-                                "object": status_object(
-                                    410,
-                                    "Expired",
-                                    f"too old resource version: {cursor} ({self._compacted})",
-                                    None,
-                                ),
-                            }
-                        ]
+                        batch = [self._expired(cursor)]
                         cursor = -1
                         break
                     batch = [

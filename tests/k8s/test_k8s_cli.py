@@ -62,7 +62,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def submit(
-    capsys: pytest.CaptureFixture[str], kubeconfig: str, *extra: str
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, *extra: str, namespace: str = NS
 ) -> tuple[int, str, str]:
     return run(
         capsys,
@@ -73,7 +73,7 @@ def submit(
         "--image",
         IMAGE,
         "--namespace",
-        NS,
+        namespace,
         "--job-id",
         "demo",
         *extra,
@@ -299,22 +299,11 @@ def test_submit_needs_the_priority_class_to_exist(
 def test_submit_to_a_missing_namespace_says_to_create_it(
     capsys: pytest.CaptureFixture[str], kubeconfig: str
 ) -> None:
-    code, _, err = run(
+    code, _, err = submit(
         capsys,
-        "k8s",
-        "submit",
-        "--kubeconfig",
         kubeconfig,
-        "--image",
-        IMAGE,
-        "--namespace",
-        "nope",
-        "--job-id",
-        "demo",
-        "--etcd",
-        "etcd.infra:2379",
-        "--no-priority-class",
-        *COMMAND,
+        *("--etcd", "etcd.infra:2379", "--no-priority-class"),
+        namespace="nope",
     )
     assert code == 2
     assert "namespace 'nope' does not exist: create it (`kubectl create namespace nope`)" in err

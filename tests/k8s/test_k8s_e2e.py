@@ -32,7 +32,7 @@ from tests.k8s.conftest import join_template
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-SCRIPT = str(Path(__file__).with_name("train_until.py"))
+SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_until.py")
 _LINE = re.compile(
     r"^\[(?P<job>\S+) e(?P<epoch>[-\d]+) r(?P<rank>[-\d]+) (?P<slot>\S+)\] (?P<text>\{.*)$"
 )

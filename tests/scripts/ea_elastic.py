@@ -6,12 +6,9 @@ this process executed; more than its share means steps were rolled back and run 
 """
 
 import argparse
-import json
-import os
 import time
 
-import numpy as np
-import tensorflow as tf
+import tiny_model
 
 import elastic_allreduce as ea
 
@@ -23,32 +20,13 @@ parser.add_argument("--checkpoint-every", type=int, default=2, help="in commits"
 args = parser.parse_args()
 
 ea.init()
-data = np.random.default_rng(1).normal(size=(64, 4)).astype("float32")
-targets = data.sum(axis=1, keepdims=True) * 3.0
-
-model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="tanh"), tf.keras.layers.Dense(1)])
-model.build((None, 4))
-optimizer = tf.keras.optimizers.Adam(0.01)
-optimizer.build(model.trainable_variables)
-
-
-@tf.function
-def step_fn():
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(data) - targets))
-    gradients = ea.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
+model, optimizer, step_fn = tiny_model.build()
 
 steps_run = [0]
 
 
 def emit(event, state):
-    weights = sum(float(tf.reduce_sum(v)) for v in model.variables)
-    record = {"event": event, "step": state.step, "size": ea.size(), "rank": ea.rank()}
-    record.update(checksum=round(weights, 6), slot=os.environ.get("HOROVOD_HOSTNAME"))
-    record["steps_run"] = steps_run[0]
-    print(json.dumps(record), flush=True)
+    tiny_model.emit(event, state, model, steps_run=steps_run[0])
 
 
 state = ea.State(model, optimizer, checkpoint_every=args.checkpoint_every, step=0)

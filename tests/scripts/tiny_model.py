@@ -1,0 +1,41 @@
+"""The small regression model that the elastic test scripts train, and their JSON reports.
+
+Imported by scripts next to it (the bootstrap puts a script's folder first on sys.path).
+"""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import elastic_allreduce as ea
+
+
+def build():
+    """(model, optimizer, step_fn): the same data and initial weights on every rank."""
+    data = np.random.default_rng(1).normal(size=(64, 4)).astype("float32")
+    targets = data.sum(axis=1, keepdims=True) * 3.0
+    model = tf.keras.Sequential(
+        [tf.keras.layers.Dense(4, activation="tanh"), tf.keras.layers.Dense(1)]
+    )
+    model.build((None, 4))
+    optimizer = tf.keras.optimizers.Adam(0.01)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step_fn():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(data) - targets))
+        gradients = ea.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    return model, optimizer, step_fn
+
+
+def emit(event, state, model, **extra):
+    """Print {"event", "step", "size", "rank", "checksum", "slot", ...extra} as one line."""
+    weights = sum(float(tf.reduce_sum(v)) for v in model.variables)
+    record = {"event": event, "step": state.step, "size": ea.size(), "rank": ea.rank()}
+    record.update(checksum=round(weights, 6), slot=os.environ.get("HOROVOD_HOSTNAME"), **extra)
+    print(json.dumps(record), flush=True)
