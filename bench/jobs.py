@@ -24,12 +24,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from elastic_allreduce import logprefix
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "bench" / "scripts"
 ELASTIC_RUN = str(Path(sys.executable).parent / "elastic-run")
 STARTUP_LIMIT_S = 180.0  # TensorFlow imports of several workers on few cores are slow
-#: The agent's prefix: ``[job eN rR slot] text``.
-_AGENT_LINE = re.compile(r"^\[\S+ e[-\d]+ r[-\d]+ (?P<slot>\S+)\] (?P<text>.*)$")
 #: horovodrun's prefix: ``[i]<stdout>:text``.
 _HOROVODRUN_LINE = re.compile(r"^\[(?P<index>\d+)\]<stdout>:(?P<text>.*)$")
 
@@ -61,8 +61,6 @@ class LineJob:
 
     A context manager: leaving it kills the whole process group (and reaps the leader).
     """
-
-    prefix: re.Pattern[str] = _AGENT_LINE
 
     def __init__(self, command: Sequence[str], env: dict[str, str] | None = None) -> None:
         self.command = list(command)
@@ -96,12 +94,17 @@ class LineJob:
     ) -> None:
         self.stop()
 
+    def split(self, line: str) -> tuple[str, str] | None:
+        """Who printed a worker's line (its slot) and what; None for other lines."""
+        parsed = logprefix.parse_line(line)
+        return None if parsed is None else (parsed.slot, parsed.text)
+
     def parse(self, line: str, arrived: float) -> Record | None:
         """The record in one output line, if it holds one."""
-        match = self.prefix.match(line)
-        if match is None:
+        split = self.split(line)
+        if split is None:
             return None
-        text = match.group("text")
+        who, text = split
         if not text.startswith("{"):
             return None
         try:
@@ -110,7 +113,7 @@ class LineJob:
             return None
         if not isinstance(data, dict):
             return None
-        return Record(arrived, match.groupdict().get("slot") or match.group("index"), data)
+        return Record(arrived, who, data)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -202,7 +205,9 @@ class ElasticRunJob(LineJob):
 class HorovodRunJob(LineJob):
     """A ``horovodrun`` command; its workers' lines come prefixed ``[i]<stdout>:``."""
 
-    prefix = _HOROVODRUN_LINE
+    def split(self, line: str) -> tuple[str, str] | None:
+        match = _HOROVODRUN_LINE.match(line)
+        return None if match is None else (match["index"], match["text"])
 
 
 def _stat_fields(pid: int) -> list[str]:

@@ -26,11 +26,21 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
 from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, StoreError
-from elastic_allreduce.rendezvous.model import NOT_ADMITTED_EXIT_CODE, Ring, RingState
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.values import (
+    NOT_ADMITTED_EXIT_CODE,
+    EpochCause,
+    ProcPhase,
+    ProcRecord,
+    Ring,
+    RingState,
+)
+from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.store import EtcdStore, EventType, Lease, Watch
 
 log = logging.getLogger("elastic_allreduce.bootstrap")
@@ -92,7 +102,7 @@ class RingGuard:
         self._epoch = epoch
         self._excluded = excluded_ports
         self._stop = threading.Event()
-        self._watch: Watch = store.watch_prefix("ring")
+        self._watch: Watch = store.watch_prefix(keys.RING)
         self._thread = threading.Thread(target=self._run, name=f"ring-guard-{slot}", daemon=True)
         self._handled = epoch
 
@@ -109,8 +119,9 @@ class RingGuard:
             if event is None or event.type is not EventType.PUT or event.kv is None:
                 continue
             try:
-                ring = Ring.from_json("ring", event.kv.value)
-            except ElasticAllreduceError:
+                ring = Ring.from_json(event.key, event.kv.value)
+            except ElasticAllreduceError as exc:
+                log.warning("slot %s: ignoring a malformed ring: %s", self._slot, exc)
                 continue
             self._on_ring(ring)
 
@@ -120,7 +131,7 @@ class RingGuard:
             return
         if (
             ring.state is RingState.FORMING
-            and ring.cause == "failure"
+            and ring.cause is EpochCause.FAILURE
             and ring.epoch > max(self._epoch, self._handled)
             and self._slot in ring.waiting
         ):
@@ -139,11 +150,10 @@ class RingGuard:
         self._watch.close()
 
 
-def _wait_for_first_epoch(address: str, port: int, slot: str) -> tuple[int, list[int]]:
-    url = f"http://{address}:{port}/elastic_ready/{slot}"
-    with urllib.request.urlopen(url, timeout=None) as reply:
-        fields = [int(v) for v in reply.read().decode().split(",")]
-    return fields[0], fields[1:]
+def _wait_for_first_epoch(rendezvous: str, slot: str) -> protocol.Admission:
+    url = protocol.ready_url(rendezvous, slot)
+    with urllib.request.urlopen(url, timeout=None) as reply:  # noqa: S310 - always http://
+        return protocol.decode_admission(reply.read())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,30 +170,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     slot = _required(env.SLOT)
     store = EtcdStore(_required(env.ETCD_ENDPOINTS), _required(env.JOB_ID))
     lease: Lease = store.grant_lease(int(os.environ.get(env.PROCESS_TTL, "3")))
-    record = {
-        "pid": os.getpid(),
-        "incarnation": int(os.environ.get(env.INCARNATION, "1")),
-        "lease": lease.id,
-    }
-    store.put(f"procs/{slot}", {**record, "phase": "starting"}, lease=lease)
+    key = keys.proc(slot)
+    record = ProcRecord(
+        os.getpid(), int(os.environ.get(env.INCARNATION, "1")), ProcPhase.STARTING, lease.id
+    )
+    store.put(key, record.to_json(), lease=lease)
 
     # The slow import happens before this process says it is ready.
     import horovod.tensorflow  # noqa: F401, PLC0415
 
-    address = _required(env.HOROVOD_RENDEZVOUS_ADDR)
     port = int(_required(env.HOROVOD_RENDEZVOUS_PORT))
-    epoch, ranks = _wait_for_first_epoch(address, port, slot)
-    if ranks[0] < 0:
+    rendezvous = protocol.host_port(_required(env.HOROVOD_RENDEZVOUS_ADDR), port)
+    admission = _wait_for_first_epoch(rendezvous, slot)
+    if not admission.admitted:
         print(f"slot {slot}: not admitted to any ring epoch; exiting", file=sys.stderr)
         return NOT_ADMITTED_EXIT_CODE
+    ranks = admission.assignment.as_tuple()
     for name, value in zip(env.HOROVOD_RANK_VARIABLES, ranks, strict=True):
         os.environ[name] = str(value)
-    os.environ[env.RING_EPOCH] = str(epoch)
+    os.environ[env.RING_EPOCH] = str(admission.epoch)
     os.environ["HOROVOD_ELASTIC"] = "1"
-    store.put(f"procs/{slot}", {**record, "phase": "training", "epoch": epoch}, lease=lease)
+    record = replace(record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
+    store.put(key, record.to_json(), lease=lease)
 
     excluded = {port, *(endpoint.port for endpoint in store.endpoints)}
-    guard = RingGuard(store, slot, epoch, excluded)
+    guard = RingGuard(store, slot, admission.epoch, excluded)
     guard.start()
 
     code = 1
@@ -198,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 0
         # Said before the interpreter shuts down: that may outlast this lease's keep-alive.
         try:
-            store.put(f"procs/{slot}", {**record, "phase": "finished"}, lease=lease)
+            store.put(key, replace(record, phase=ProcPhase.FINISHED).to_json(), lease=lease)
         except StoreError as exc:
             print(f"slot {slot}: could not report the end of the script: {exc}", file=sys.stderr)
     finally:

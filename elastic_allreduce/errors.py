@@ -13,14 +13,22 @@ class ElasticAllreduceError(Exception):
 
 
 class ConfigError(ElasticAllreduceError):
-    """A setting, flag or argument is invalid; the message names it and the valid values."""
+    """A setting, flag or argument is invalid; the message names it and the valid values.
+
+    The command line exits with code 2 (bad input) for these and only these."""
+
+
+class UnavailableError(ElasticAllreduceError):
+    """A service the caller needs (etcd, the Kubernetes API) did not answer: an operational
+    problem, not bad input (the command line exits with code 3 for every error but ConfigError).
+    """
 
 
 class StoreError(ElasticAllreduceError):
     """The membership store failed an operation."""
 
 
-class StoreUnavailableError(StoreError):
+class StoreUnavailableError(StoreError, UnavailableError):
     """No etcd endpoint answered (connection refused, timed out, or the server is not ready)."""
 
 
@@ -29,6 +37,15 @@ class MalformedValueError(StoreError):
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"value of key {key!r} is malformed: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class MalformedKeyError(StoreError):
+    """A key under a job's prefix fits none of the job's key shapes (see records.keys)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"key {key!r} is not one of the job's keys: {reason}")
         self.key = key
         self.reason = reason
 
@@ -45,13 +62,9 @@ class EtcdServerError(StoreError):
     """A private etcd server could not be found, started or stopped."""
 
 
+class ProtocolError(ElasticAllreduceError):
+    """A peer's message (a rendezvous reply, an output line) does not follow the protocol."""
+
+
 class ProvisionerError(ElasticAllreduceError):
     """A provisioner could not start, stop or watch worker nodes."""
-
-
-class KubernetesApiError(ProvisionerError):
-    """The Kubernetes API refused or failed a request (the message names verb, resource, why)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status

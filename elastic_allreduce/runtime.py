@@ -7,6 +7,8 @@ import urllib.error
 import urllib.request
 
 from elastic_allreduce import env
+from elastic_allreduce.errors import ProtocolError
+from elastic_allreduce.rendezvous import protocol
 
 _epoch: list[int] = []
 
@@ -30,11 +32,11 @@ def refresh_ring_epoch() -> int:
     current = slot()
     if not (address and port and current):
         return ring_epoch()
-    url = f"http://{address}:{port}/elastic_epoch/{current}"
     try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            epoch = int(reply.read().decode())
-    except (OSError, ValueError, urllib.error.URLError):
+        url = protocol.epoch_url(protocol.host_port(address, int(port)), current)
+        with urllib.request.urlopen(url, timeout=10) as reply:  # noqa: S310 - always http://
+            epoch = protocol.decode_epoch(reply.read())
+    except (OSError, ValueError, ProtocolError, urllib.error.URLError):
         return ring_epoch()
     _epoch[:] = [epoch]
     return epoch

@@ -56,6 +56,8 @@ from elastic_allreduce.data import (
     global_batch_for,
 )
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.values import Progress
 
 log = logging.getLogger(__name__)
 
@@ -397,12 +399,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
                 from elastic_allreduce.store import EtcdStore  # noqa: PLC0415
 
                 self._reporter = EtcdStore(os.environ[env.ETCD_ENDPOINTS], os.environ[env.JOB_ID])
-            progress = {
-                name: value
-                for name, value in self._saved_state.items()
-                if isinstance(value, (int, float, str, bool))
-            }
-            self._reporter.put("status/progress", {**progress, "size": hvd.size()})
+            progress = Progress.of(self._saved_state, hvd.size())
+            self._reporter.put(keys.PROGRESS, progress.to_json())
         except ElasticAllreduceError as exc:
             log.warning("could not report progress to the store: %s", exc)
 

@@ -10,9 +10,7 @@ when both hold.
 """
 
 import argparse
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,19 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from demo import BIN, ROOT, Output, _victim, banner, start_joiner
-
-_REPORT = re.compile(r"^\[(\S+) e\d+ r0 \S+\] (\{.*\})$")
-
-
-def report(line: str) -> dict | None:
-    match = _REPORT.match(line)
-    return json.loads(match.group(2)) if match else None
+from demo import BIN, ROOT, Output, _victim, banner, rank0_report, start_joiner
 
 
 def reached(epoch: int, min_ranks: int = 1):
     def check(line: str) -> bool:
-        data = report(line)
+        data = rank0_report(line)
         return bool(data) and data["epoch"] >= epoch and data["ranks"] >= min_ranks
 
     return check

@@ -8,7 +8,6 @@ verdict of the sample audit: every digit used exactly once per epoch despite the
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,10 +16,11 @@ import threading
 import time
 from pathlib import Path
 
+from elastic_allreduce import logprefix
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 EPOCHS = 12
-_EPOCH_LINE = re.compile(r"^\[(\S+) e\d+ r0 \S+\] (\{.*\})$")
 
 
 def banner(text: str) -> None:
@@ -62,11 +62,18 @@ class Output(list[str]):
                 self.arrived.wait(min(remaining, 1.0))
 
 
+def rank0_report(line: str) -> dict | None:
+    """The JSON object that rank 0 printed on this output line, if it is one."""
+    parsed = logprefix.parse_line(line)
+    if parsed is None or parsed.rank != 0 or not parsed.text.startswith("{"):
+        return None
+    return json.loads(parsed.text)
+
+
 def epoch_report(line: str, size: int | None = None, at_least: int = 0) -> bool:
-    match = _EPOCH_LINE.match(line)
-    if not match:
+    report = rank0_report(line)
+    if report is None:
         return False
-    report = json.loads(match.group(2))
     return report.get("epoch", -1) >= at_least and (size is None or report.get("ranks") == size)
 
 
@@ -148,15 +155,15 @@ def main() -> int:
 
 def _victim(etcd: str, job_id: str) -> tuple[str, int]:
     """A training process that is not rank 0 of the current ring."""
+    from elastic_allreduce.records.snapshot import read_job
     from elastic_allreduce.store import EtcdStore
 
     with EtcdStore(etcd, job_id) as store:
-        ring = store.get("ring")
-        assert ring is not None and isinstance(ring.value, dict)
-        slot = ring.value["slots"][-1]
-        proc = store.get(f"procs/{slot}")
-        assert proc is not None and isinstance(proc.value, dict)
-        return slot, int(proc.value["pid"])
+        job = read_job(store)
+    assert job.ring is not None, "the job has no ring yet"
+    slot = job.ring.record.slots[-1]
+    assert slot in job.procs, f"{slot} has no process"
+    return slot, job.procs[slot].record.pid
 
 
 if __name__ == "__main__":

@@ -25,18 +25,27 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Final
 
-from elastic_allreduce import env
+from elastic_allreduce import env, logprefix
 from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
-from elastic_allreduce.rendezvous.model import Ring, slot_id
-from elastic_allreduce.store import EtcdStore, KeyValue, Lease
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.keys import slot_id
+from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
+from elastic_allreduce.records.values import (
+    Directive,
+    ExitRecord,
+    MemberRecord,
+    ProcRecord,
+    Ring,
+)
+from elastic_allreduce.rendezvous.protocol import split_host_port
+from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
-from elastic_allreduce.store.codec import JsonValue, as_int
+from launcher.exit_codes import exit_code
 
 log = logging.getLogger(__name__)
 
 _TAIL_LINES: Final = 20
-_FINAL_PHASES: Final = ("succeeded", "failed")
 _LEAVE: Final = "leave"
 
 
@@ -73,6 +82,7 @@ class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         if settings.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be at least 1, got {settings.nproc_per_node}")
+        keys.validate_node_id(settings.node_id)
         self.settings = settings
         self.store = EtcdStore(settings.etcd, settings.job_id)
         #: Process exits, SIGTERM and the store's changes, in arrival order (see PrefixCache).
@@ -85,13 +95,14 @@ class Agent:
         self._print_lock = threading.Lock()
         self._started: dict[int, int] = {}
         self._lease: Lease | None = None
+        self._skips = SkipReporter()
 
     # -- entry point -------------------------------------------------------------------------
 
     def run(self) -> int:
         """Serve until the job ends or this node has left; return the agent's exit code."""
         settings = self.settings
-        if self.store.get("config/job") is None:
+        if self.store.get(keys.JOB_CONFIG) is None:
             raise ConfigError(
                 f"unknown job {settings.job_id!r} at {self.store.describe()}: start it with "
                 "`elastic-run ...` first, or check --job-id and --etcd"
@@ -99,12 +110,9 @@ class Agent:
         # Before registering: a SIGTERM right after registration must be a graceful leave.
         signal.signal(signal.SIGTERM, self._on_sigterm)
         lease = self._lease = self.store.grant_lease(settings.lease_ttl)
-        member: JsonValue = {
-            "host": settings.host,
-            "slots": settings.nproc_per_node,
-            "pid": os.getpid(),
-        }
-        if self.store.create(f"members/{settings.node_id}", member, lease=lease) is None:
+        member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
+        key = keys.member(settings.node_id)
+        if self.store.create(key, member.to_json(), lease=lease) is None:
             lease.revoke()
             raise ConfigError(
                 f"node id {settings.node_id!r} is already a member of job {settings.job_id!r}"
@@ -134,11 +142,9 @@ class Agent:
         """The rendezvous address, or None if the node was asked to leave first (SIGTERM)."""
         deadline = time.monotonic() + self.settings.start_timeout
         while not self._leaving:
-            leader = cache.get("launcher/leader")
-            if leader is not None and leader.malformed is None and isinstance(leader.value, dict):
-                rendezvous = leader.value.get("rendezvous")
-                if isinstance(rendezvous, str):
-                    return rendezvous
+            leader = self._job(cache).leader
+            if leader is not None and leader.record.rendezvous is not None:
+                return leader.record.rendezvous
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ConfigError(
@@ -155,15 +161,14 @@ class Agent:
         changed = True
         while True:
             if changed:
-                ring_kv = cache.get("ring")
-                if ring_kv is not None and ring_kv.malformed is None:
-                    self._ring = Ring.from_json("ring", ring_kv.value)
-                status = cache.get("status/job")
-                if status is not None and _phase(status) in _FINAL_PHASES:
+                job = self._job(cache)
+                if job.ring is not None:
+                    self._ring = job.ring.record
+                if job.status is not None and job.status.record.phase.final:
                     return 0
-                directive = cache.get(f"directives/{node}")
-                if directive is not None and directive.malformed is None:
-                    self._apply(directive, rendezvous)
+                directive = job.directives.get(node)
+                if directive is not None:
+                    self._apply(directive.record, rendezvous)
             if self._leaving:
                 if not self._procs:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
@@ -175,6 +180,19 @@ class Agent:
             ):
                 return 0
             changed = self._handle(cache, drain(self._events, timeout=1.0))
+
+    def _job(self, cache: PrefixCache) -> JobSnapshot:
+        """The job as the cache has it now; junk keys are logged once and skipped."""
+        job = parse_job(cache.items().values(), cache.revision)
+        for skipped in self._skips.new(job):
+            log.warning(
+                "[%s node %s] ignoring key %r: %s",
+                self.settings.job_id,
+                self.settings.node_id,
+                skipped.key,
+                skipped.reason,
+            )
+        return job
 
     def _handle(self, cache: PrefixCache, items: list[object]) -> bool:
         """Apply store changes, process exits and SIGTERM; return whether anything happened."""
@@ -192,24 +210,18 @@ class Agent:
             return
         self._leaving = True
         self._leave_deadline = time.monotonic() + self.settings.leave_timeout
-        self.store.put(
-            f"members/{self.settings.node_id}",
-            {"host": self.settings.host, "slots": self.settings.nproc_per_node, "leaving": True},
-            lease=self._lease,
+        member = MemberRecord(
+            self.settings.host, self.settings.nproc_per_node, os.getpid(), leaving=True
         )
+        self.store.put(keys.member(self.settings.node_id), member.to_json(), lease=self._lease)
         log.info(
             "[%s node %s] SIGTERM: leaving the job gracefully",
             self.settings.job_id,
             self.settings.node_id,
         )
 
-    def _apply(self, directive: KeyValue, rendezvous: str) -> None:
-        value = directive.value
-        slots = value.get("slots") if isinstance(value, dict) else None
-        if not isinstance(slots, dict):
-            return
-        desired = {int(k): as_int(v, 0) for k, v in slots.items() if k.isdigit()}
-        self._desired = {i: desired.get(i, 0) for i in range(self.settings.nproc_per_node)}
+    def _apply(self, directive: Directive, rendezvous: str) -> None:
+        self._desired = {i: directive.get(i) for i in range(self.settings.nproc_per_node)}
         for index, incarnation in self._desired.items():
             proc = self._procs.get(index)
             if proc is not None and (incarnation == 0 or proc.incarnation < incarnation):
@@ -230,7 +242,7 @@ class Agent:
         self._started[index] = incarnation
         settings = self.settings
         slot = slot_id(settings.node_id, index)
-        address, port = rendezvous.rsplit(":", 1)
+        address, port = split_host_port(rendezvous)
         child_env = dict(os.environ)
         child_env.update(
             {
@@ -240,7 +252,7 @@ class Agent:
                 env.INCARNATION: str(incarnation),
                 env.PROCESS_TTL: str(settings.process_ttl),
                 env.HOROVOD_RENDEZVOUS_ADDR: address,
-                env.HOROVOD_RENDEZVOUS_PORT: port,
+                env.HOROVOD_RENDEZVOUS_PORT: str(port),
                 env.HOROVOD_HOSTNAME: slot,
                 "HOROVOD_CONTROLLER": "gloo",
                 "HOROVOD_CPU_OPERATIONS": "gloo",
@@ -283,35 +295,42 @@ class Agent:
             line = raw.decode(errors="replace").rstrip("\n")
             proc.tail.append(line)
             with self._print_lock:
-                sys.stdout.write(f"[{self._prefix(slot)}] {line}\n")
+                epoch, rank = self._place(slot)
+                text = logprefix.format_line(self.settings.job_id, epoch, rank, slot, line)
+                sys.stdout.write(text + "\n")
                 sys.stdout.flush()
         proc.popen.wait()
         self._events.put(proc)
 
-    def _prefix(self, slot: str) -> str:
+    def _place(self, slot: str) -> tuple[int | None, int | None]:
+        """The slot's ring epoch and rank, as far as this agent knows (None: not a member)."""
         ring = self._ring
         if ring is not None and slot in ring.slots:
-            return f"{self.settings.job_id} e{ring.epoch} r{ring.slots.index(slot)} {slot}"
-        return f"{self.settings.job_id} e- r- {slot}"
+            return ring.epoch, ring.slots.index(slot)
+        return None, None
+
+    def _prefix(self, slot: str) -> str:
+        return logprefix.prefix(self.settings.job_id, *self._place(slot), slot)
 
     def _on_exit(self, proc: _Process) -> None:
         slot = slot_id(self.settings.node_id, proc.index)
-        code = proc.popen.returncode
-        record: JsonValue = {
-            "code": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "tail": list(proc.tail),
-        }
-        self.store.put(f"exits/{slot}/{proc.incarnation}", record)
-        registered = self.store.get(f"procs/{slot}")
+        record = ExitRecord.from_returncode(proc.popen.returncode, tuple(proc.tail))
+        self.store.put(keys.exit_(slot, proc.incarnation), record.to_json())
+        registered = self.store.get(keys.proc(slot))
         if registered is not None and registered.lease is not None and registered.malformed is None:
-            value = registered.value
-            if isinstance(value, dict) and value.get("incarnation") == proc.incarnation:
+            try:
+                incarnation = ProcRecord.from_json(registered.key, registered.value).incarnation
+            except ElasticAllreduceError:
+                incarnation = None
+            if incarnation == proc.incarnation:
                 self.store.revoke_lease(registered.lease)
         if self._procs.get(proc.index) is proc:
             del self._procs[proc.index]
         log.info(
-            "[%s] incarnation %d exited (%s)", self._prefix(slot), proc.incarnation, _describe(code)
+            "[%s] incarnation %d exited (%s)",
+            self._prefix(slot),
+            proc.incarnation,
+            record.describe(),
         )
 
     def _stop_all(self, grace: float) -> None:
@@ -325,22 +344,6 @@ class Agent:
             except subprocess.TimeoutExpired:
                 proc.popen.kill()
                 proc.popen.wait(timeout=10)
-
-
-def _phase(kv: KeyValue) -> str | None:
-    if kv.malformed is not None or not isinstance(kv.value, dict):
-        return None
-    phase = kv.value.get("phase")
-    return phase if isinstance(phase, str) else None
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def python_script_args(command: Sequence[str]) -> list[str]:
@@ -371,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Agent(AgentSettings(**raw)).run()
     except ElasticAllreduceError as exc:
         print(f"elastic-run agent: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -10,20 +10,22 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 
 from elastic_allreduce import __version__, env
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import parse_job, read_job
+from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
-from elastic_allreduce.store.api import validate_job_id
+from launcher import job_options
 from launcher.agent import Agent, AgentSettings, python_script_args
+from launcher.exit_codes import exit_code
 from launcher.k8s import cli as k8s_cli
-from launcher.k8s_run import KubernetesMode
-from launcher.k8s_run import run_job as run_in_kubernetes
+from launcher.k8s.mode import KubernetesMode
+from launcher.k8s.mode import run_job as run_in_kubernetes
 from launcher.launcher import Launcher, LaunchSettings
-from launcher.policy import JobSettings
 from launcher.provisioners.local import LocalProvisioner
 
 log = logging.getLogger("elastic-run")
@@ -37,13 +39,18 @@ with membership kept in etcd.
 
 Run `elastic-run run --help` for the options of a job. Workers that die are dropped (or
 restarted, up to --max-restarts); the others roll back to their last commit and continue.
+
+Exit codes: 0 success; 1 the job failed; 2 bad input (a flag, a file, an unknown job: the
+message says what to change); 3 an operational error (etcd or the Kubernetes API unreachable
+or refusing a request: try again, or check the service).
 """
 
 _RUN_DESCRIPTION = """\
 Run an elastic training job on this machine: a launcher and --workers local worker nodes,
 each running --nproc-per-node copies of COMMAND (a Python script using Horovod's elastic API or
 elastic_allreduce). Without --etcd a private etcd is started and removed afterwards. The exit
-code is the job's: 0 when training finished on every rank, 1 when it failed, 2 for bad input.
+code is the job's: 0 when training finished on every rank, 1 when it failed, 2 for bad input,
+3 when etcd (or the Kubernetes API) could not be reached or refused a request.
 """
 
 
@@ -69,40 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--standalone", action="store_true", help="start a private etcd for this job (the default)"
     )
     where.add_argument("--etcd", metavar="HOST:PORT[,...]", help="use this etcd instead")
-    run.add_argument("--job-id", metavar="NAME", help="the job's id (default: a new one)")
-    run.add_argument("--workers", type=int, default=2, metavar="N", help="worker nodes (default 2)")
-    run.add_argument(
-        "--min-workers", type=int, metavar="N", help="fewest nodes to train with (default 1)"
-    )
-    run.add_argument("--max-workers", type=int, metavar="N", help="most nodes (default --workers)")
-    run.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=1,
-        metavar="K",
-        help="training processes per node (default 1)",
-    )
-    run.add_argument(
-        "--max-restarts",
-        type=int,
-        default=3,
-        metavar="N",
-        help="restarts of crashed or hung processes and replacements of lost nodes, in all, "
-        "before the job gives up on them (default 3)",
-    )
-    run.add_argument(
-        "--checkpoint-dir",
-        metavar="DIR",
-        help="where elastic_allreduce.State writes periodic checkpoints (the job resumes from "
-        "the newest one when every worker died)",
-    )
-    run.add_argument(
-        "--wait-timeout",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="seconds the job may have fewer than --min-workers before it fails (default 60)",
-    )
+    job_options.add_job_flags(run)
     kube = run.add_argument_group(
         "Kubernetes mode",
         "the launcher runs in a pod and starts each worker node as a pod of --worker-template; "
@@ -126,10 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"Kubernetes API URL (default: ${env.KUBE_API}, else in-cluster or kubeconfig)",
     )
-    kube.add_argument(
-        "--gpus-per-node", type=int, metavar="N", help="nvidia.com/gpu limit of each worker pod"
-    )
-    run.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    job_options.add_command(run)
 
     etcd = commands.add_parser(
         "etcd",
@@ -260,12 +231,13 @@ def _open_store(args: argparse.Namespace) -> EtcdStore:
 def _run_keys(args: argparse.Namespace) -> int:
     with _open_store(args) as store:
         snapshot = store.get_prefix(args.prefix)
+        skipped = {s.key: s.reason for s in parse_job(snapshot, snapshot.revision).skipped}
         for kv in snapshot:
             record: dict[str, object] = {"key": kv.key, "mod_revision": kv.mod_revision}
             if kv.malformed is None:
                 record["value"] = kv.value
-            else:
-                record["malformed"] = kv.malformed
+            if kv.key in skipped:
+                record["malformed"] = skipped[kv.key]
             print(json.dumps(record, sort_keys=True))
         print(f"# {len(snapshot)} keys at revision {snapshot.revision}", file=sys.stderr)
     return 0
@@ -274,28 +246,26 @@ def _run_keys(args: argparse.Namespace) -> int:
 _COMMANDS = ("run", "join", "scale", "status", "etcd", "keys", "k8s")
 
 
-def _open_job(args: argparse.Namespace) -> tuple[EtcdStore, dict[str, object]]:
+def _open_job(args: argparse.Namespace) -> tuple[EtcdStore, JobConfig]:
     """The store of an existing job and its stored configuration (ConfigError if unknown)."""
     store = _open_store(args)
-    config = store.get("config/job")
-    if config is None or config.malformed is not None or not isinstance(config.value, dict):
+    job = read_job(store)
+    if job.config is None:
         store.close()
+        broken = [s for s in job.skipped if s.key == keys.JOB_CONFIG]
+        why = f" ({broken[0].reason})" if broken else ""
         raise ConfigError(
-            f"unknown job {args.job_id!r} at {store.describe()}: check --job-id and --etcd "
+            f"unknown job {args.job_id!r} at {store.describe()}{why}: check --job-id and --etcd "
             "(`elastic-run keys` lists what is there)"
         )
-    return store, dict(config.value)
+    return store, job.config.record
 
 
 def _run_join(args: argparse.Namespace) -> int:
     store, config = _open_job(args)
     store.close()
-    nproc = args.nproc_per_node or config.get("nproc_per_node") or 1
-    command = config.get("command")
-    checkpoint_dir = config.get("checkpoint_dir")
-    if not isinstance(nproc, int) or not isinstance(command, list):
-        raise ConfigError(f"job {args.job_id!r} has no usable configuration in the store")
-    node_id = args.node_id or f"j{os.getpid()}"
+    nproc = args.nproc_per_node or config.settings.nproc_per_node
+    node_id = keys.validate_node_id(args.node_id or f"j{os.getpid()}")
     logging.getLogger().setLevel(logging.INFO)
     agent = Agent(
         AgentSettings(
@@ -303,8 +273,8 @@ def _run_join(args: argparse.Namespace) -> int:
             job_id=args.job_id,
             node_id=node_id,
             nproc_per_node=nproc,
-            command=tuple(str(part) for part in command),
-            checkpoint_dir=checkpoint_dir if isinstance(checkpoint_dir, str) else None,
+            command=config.command,
+            checkpoint_dir=config.checkpoint_dir,
             host=args.host,
             gloo_iface=args.gloo_iface or _default_iface(args.host),
         )
@@ -321,13 +291,13 @@ def _default_iface(host: str) -> str:
 def _run_scale(args: argparse.Namespace) -> int:
     store, config = _open_job(args)
     with store:
-        low, high = config.get("min_workers"), config.get("max_workers")
-        if isinstance(low, int) and isinstance(high, int) and not low <= args.workers <= high:
+        low, high = config.settings.min_workers, config.settings.max_workers
+        if not low <= args.workers <= high:
             raise ConfigError(
                 f"cannot scale job {args.job_id!r} to {args.workers} nodes: it was started with "
                 f"--min-workers {low} and --max-workers {high}"
             )
-        store.put("config/target", {"workers": args.workers})
+        store.put(keys.SCALE_TARGET, ScaleTarget(args.workers).to_json())
     print(f"elastic-run scale: job {args.job_id} asked for {args.workers} nodes")
     return 0
 
@@ -335,54 +305,33 @@ def _run_scale(args: argparse.Namespace) -> int:
 def _run_status(args: argparse.Namespace) -> int:
     store, _ = _open_job(args)
     with store:
-        keys = store.get_prefix().as_dict()
-
-        def value(key: str) -> object:
-            kv = keys.get(key)
-            return kv.value if kv is not None and kv.malformed is None else None
-
-        phase = value("status/job")
-        ring = value("ring")
-        progress = value("status/progress")
-        print(f"job {args.job_id}: {json.dumps(phase)}")
-        if isinstance(ring, dict):
-            slots = ring.get("slots") or []
-            print(
-                f"ring epoch {ring.get('epoch')} ({ring.get('state')}, cause {ring.get('cause')})"
-            )
-            for rank, slot in enumerate(slots if isinstance(slots, list) else []):
-                print(f"  rank {rank}: {slot}")
-        members = sorted(k.split("/", 1)[1] for k in keys if k.startswith("members/"))
-        print(f"members: {', '.join(members) or '(none)'}")
-        print(f"last commit: {json.dumps(progress)}")
+        job = read_job(store)
+    status = job.status.record if job.status else None
+    phase = status.to_json() if status else None
+    print(f"job {args.job_id}: {json.dumps(phase)}")
+    if job.ring is not None:
+        ring = job.ring.record
+        print(f"ring epoch {ring.epoch} ({ring.state.value}, cause {ring.cause.value})")
+        for rank, slot in enumerate(ring.slots):
+            print(f"  rank {rank}: {slot}")
+    print(f"members: {', '.join(sorted(job.members)) or '(none)'}")
+    progress = job.progress.record.to_json() if job.progress else None
+    print(f"last commit: {json.dumps(progress)}")
+    for skipped in job.skipped:
+        print(f"skipped key {skipped.key}: {skipped.reason}")
     return 0
 
 
 def _run_job(args: argparse.Namespace) -> int:
-    command = list(args.command_args)
-    if command[:1] == ["--"]:
-        command = command[1:]
-    workers = args.workers
-    min_workers = 1 if args.min_workers is None else args.min_workers
-    max_workers = workers if args.max_workers is None else args.max_workers
-    if workers < 1 or min_workers < 1:
-        raise ConfigError(
-            f"--workers ({workers}) and --min-workers ({min_workers}) must be at least 1"
-        )
-    if not min_workers <= workers <= max_workers:
-        raise ConfigError(
-            "need --min-workers <= --workers <= --max-workers, "
-            f"got {min_workers} <= {workers} <= {max_workers}"
-        )
-    if args.nproc_per_node < 1 or args.max_restarts < 0:
-        raise ConfigError("--nproc-per-node must be at least 1 and --max-restarts at least 0")
-    if not command:
-        raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
+    """`elastic-run run`: lead one job, locally or (--kubernetes) with worker pods; the job's
+    flags are those of launcher/job_options.py, shared with `elastic-run k8s render|submit`."""
+    options = job_options.from_args(args)
+    command, job_id = options.command, options.job_id
     kube_mode = None
     if args.kubernetes:
         # The script lives in the workers' image; this pod need not have it.
         kube_mode = KubernetesMode.from_environment(
-            args.worker_template, args.namespace, args.kube_api, args.gpus_per_node
+            args.worker_template, args.namespace, args.kube_api, options.gpus_per_node or None
         )
         args.etcd = args.etcd or os.environ.get(env.ETCD_ENDPOINTS)
         if not args.etcd:
@@ -392,16 +341,8 @@ def _run_job(args: argparse.Namespace) -> int:
             )
     else:
         python_script_args(command)
-    job_id = args.job_id or f"job-{int(time.time()) % 100000}-{os.getpid() % 1000}"
-    validate_job_id(job_id)
     logging.getLogger().setLevel(logging.INFO)
-    settings = JobSettings(
-        min_workers=min_workers,
-        max_workers=max_workers,
-        nproc_per_node=args.nproc_per_node,
-        max_restarts=args.max_restarts,
-        wait_timeout=args.wait_timeout,
-    )
+    settings = job_options.job_settings(options)
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -419,16 +360,20 @@ def _run_job(args: argparse.Namespace) -> int:
             etcd=etcd,
             job_id=job_id,
             node_id="",
-            nproc_per_node=args.nproc_per_node,
-            command=tuple(command),
-            checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else None,
+            nproc_per_node=options.nproc_per_node,
+            command=command,
+            checkpoint_dir=(
+                os.path.abspath(options.checkpoint_dir) if options.checkpoint_dir else None
+            ),
             host=kube_mode.pod_ip if kube_mode else "127.0.0.1",
         )
         if kube_mode is not None:
-            result = run_in_kubernetes(LaunchSettings(workers, settings, template), kube_mode)
+            result = run_in_kubernetes(
+                LaunchSettings(options.workers, settings, template), kube_mode
+            )
         else:
             launcher = Launcher(
-                LaunchSettings(workers, settings, template),
+                LaunchSettings(options.workers, settings, template),
                 LocalProvisioner(template),
             )
             result = launcher.run()
@@ -468,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except ElasticAllreduceError as exc:
         print(f"elastic-run {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

@@ -8,22 +8,33 @@ initial nodes, then loops: read the job from the store and the rendezvous, let
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elastic_allreduce.errors import ConfigError, StoreError
+from elastic_allreduce.errors import ConfigError, MalformedValueError, StoreError
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
+from elastic_allreduce.records.values import (
+    Directive,
+    JobConfig,
+    JobPhase,
+    JobSettings,
+    JobStatus,
+    LeaderRecord,
+    ProcPhase,
+)
+from elastic_allreduce.rendezvous.protocol import Admission, host_port
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
-from elastic_allreduce.store.codec import as_int
 from launcher.agent import AgentSettings
 from launcher.policy import (
     Decision,
     Exit,
     FinishJob,
-    JobSettings,
     JobView,
     Log,
     Member,
@@ -38,7 +49,7 @@ from launcher.policy import (
     WriteRing,
 )
 from launcher.provisioners.api import Provisioner
-from launcher.rendezvous import Answer, ReadinessBoard, RendezvousService
+from launcher.rendezvous import ReadinessBoard, RendezvousService
 
 log = logging.getLogger("elastic-run")
 
@@ -93,6 +104,7 @@ class Launcher:
         self.rendezvous = RendezvousService(self.board, wait_timeout=settings.job.wait_timeout + 60)
         self._ring_revision = 0
         self._epoch = 0
+        self._skips = SkipReporter()
 
     def run(self) -> JobResult:
         """Lead the job until it succeeds or fails."""
@@ -101,9 +113,9 @@ class Launcher:
             self._become_leader(lease)
             self._write_config()
             port = self.rendezvous.start()
-            rendezvous = f"{self.settings.node.host}:{port}"
-            self.store.put("launcher/leader", {"rendezvous": rendezvous}, lease=lease)
-            self.store.put("status/job", {"phase": "running"})
+            rendezvous = host_port(self.settings.node.host, port)
+            self.store.put(keys.LEADER, LeaderRecord(rendezvous).to_json(), lease=lease)
+            self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
             policy = RingPolicy(
                 self.settings.job, rendezvous, time.monotonic(), self.settings.workers
             )
@@ -117,7 +129,7 @@ class Launcher:
                 return self._loop(policy)
             except KeyboardInterrupt:
                 reason = "interrupted (SIGINT or SIGTERM to elastic-run)"
-                self.store.put("status/job", {"phase": "failed", "reason": reason})
+                self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
                 self._log(f"job {self.settings.job_id} failed: {reason}")
                 return JobResult(False, reason)
         finally:
@@ -127,7 +139,7 @@ class Launcher:
             self.store.close()
 
     def _become_leader(self, lease: Lease) -> None:
-        if self.store.create("launcher/leader", {"rendezvous": None}, lease=lease) is not None:
+        if self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease) is not None:
             return
         raise ConfigError(
             f"job {self.settings.job_id!r} already has a live launcher at {self.store.describe()}; "
@@ -135,25 +147,27 @@ class Launcher:
         )
 
     def _write_config(self) -> None:
-        existing = self.store.get("config/job")
+        existing = self.store.get(keys.JOB_CONFIG)
         if existing is not None:
-            status = self.store.get("status/job")
-            phase = status.value.get("phase") if status and isinstance(status.value, dict) else None
-            if phase in ("succeeded", "failed"):
+            status = self.store.get(keys.JOB_STATUS)
+            phase = None
+            if status is not None and status.malformed is None:
+                with contextlib.suppress(MalformedValueError):
+                    phase = JobStatus.from_json(status.key, status.value).phase
+            if phase is not None and phase.final:
                 raise ConfigError(
-                    f"job {self.settings.job_id!r} already {phase} at {self.store.describe()}; "
-                    "choose a new --job-id"
+                    f"job {self.settings.job_id!r} already {phase.value} at "
+                    f"{self.store.describe()}; choose a new --job-id"
                 )
             raise ConfigError(
                 f"job {self.settings.job_id!r} at {self.store.describe()} was started by a "
                 "launcher that is gone; taking over a job is not supported yet: choose a new "
                 "--job-id (the old keys stay for inspection with `elastic-run keys`)"
             )
-        config = self.settings.job.to_json()
-        assert isinstance(config, dict)
-        config["command"] = list(self.settings.node.command)
-        config["checkpoint_dir"] = self.settings.node.checkpoint_dir
-        self.store.put("config/job", config)
+        config = JobConfig(
+            self.settings.job, self.settings.node.command, self.settings.node.checkpoint_dir
+        )
+        self.store.put(keys.JOB_CONFIG, config.to_json())
 
     def _loop(self, policy: RingPolicy) -> JobResult:
         cache = PrefixCache(self.store, self._inbox)
@@ -177,64 +191,47 @@ class Launcher:
             cache.close()
 
     def _view(self, cache: PrefixCache) -> JobView:
-        procs: dict[str, Proc] = {}
-        members: dict[str, Member] = {}
-        exits: list[tuple[int, Exit]] = []
-        for key, kv in cache.items().items():
-            if kv.malformed is not None or not isinstance(kv.value, dict):
-                continue
-            value = kv.value
-            parts = key.split("/")
-            if parts[0] == "procs" and len(parts) == 2:
-                procs[parts[1]] = Proc(
-                    parts[1],
-                    as_int(value.get("incarnation"), 1),
-                    kv.create_revision,
-                    finished=value.get("phase") == "finished",
-                )
-            elif parts[0] == "members" and len(parts) == 2:
-                members[parts[1]] = Member(
-                    parts[1],
-                    as_int(value.get("slots"), 1),
-                    bool(value.get("leaving")),
-                    kv.create_revision,
-                )
-            elif parts[0] == "exits" and len(parts) == 3:
-                tail = value.get("tail") or []
-                exits.append(
-                    (
-                        kv.mod_revision,
-                        Exit(
-                            parts[1],
-                            int(parts[2]),
-                            as_int(value.get("code"), -1)
-                            if value.get("code") is not None
-                            else None,
-                            as_int(value.get("signal"), 0)
-                            if value.get("signal") is not None
-                            else None,
-                            tuple(str(line) for line in tail) if isinstance(tail, list) else (),
-                        ),
-                    )
-                )
-        exits.sort(key=lambda item: item[0])
+        job = parse_job(cache.items().values(), cache.revision)
+        self._report_skipped(job)
+        procs = {
+            slot: Proc(
+                slot,
+                stored.record.incarnation,
+                stored.create_revision,
+                finished=stored.record.phase is ProcPhase.FINISHED,
+            )
+            for slot, stored in job.procs.items()
+        }
+        members = {
+            node: Member(node, stored.record.slots, stored.record.leaving, stored.create_revision)
+            for node, stored in job.members.items()
+        }
+        exits = sorted(job.exits.items(), key=lambda item: item[1].mod_revision)
         nodes = self.provisioner.node_states()
-        target = cache.get("config/target")
-        scale_target = None
-        if target is not None and target.malformed is None and isinstance(target.value, dict):
-            workers = target.value.get("workers")
-            scale_target = workers if isinstance(workers, int) else None
         return JobView(
             now=time.monotonic(),
             procs=procs,
             members=members,
-            exits=tuple(e for _, e in exits),
+            exits=tuple(
+                Exit(slot, incarnation, e.record.code, e.record.signal, e.record.tail)
+                for (slot, incarnation), e in exits
+            ),
             waiting=self.board.waiting(),
-            scale_target=scale_target,
+            scale_target=job.target.record.workers if job.target is not None else None,
             pending_nodes=nodes.pending,
             disrupted_nodes=nodes.disrupted,
             dead_nodes=nodes.dead,
         )
+
+    def _report_skipped(self, job: JobSnapshot) -> None:
+        for skipped in self._skips.new(job):
+            log.warning(
+                "[%s e%d launcher] ignoring key %r: %s",
+                self.settings.job_id,
+                self._epoch,
+                skipped.key,
+                skipped.reason,
+            )
 
     def _execute(self, decision: Decision) -> JobResult | None:
         if isinstance(decision, Log):
@@ -245,7 +242,7 @@ class Launcher:
         elif isinstance(decision, WriteRing):
             self._epoch = decision.ring.epoch
             revision = self.store.compare_and_swap(
-                "ring", decision.ring.to_json(), expected_mod_revision=self._ring_revision
+                keys.RING, decision.ring.to_json(), expected_mod_revision=self._ring_revision
             )
             if revision is None:
                 raise StoreError(
@@ -257,7 +254,7 @@ class Launcher:
             if any(a.rank >= 0 for _, a in decision.answers):
                 self.rendezvous.clear_gloo_scopes()
                 self.rendezvous.forget([slot for slot, _ in decision.answers])
-            self.board.answer({slot: Answer(decision.epoch, a) for slot, a in decision.answers})
+            self.board.answer({slot: Admission(decision.epoch, a) for slot, a in decision.answers})
         elif isinstance(decision, StopNode):
             self._log(f"stopping node {decision.node} (scale-down)")
             self.provisioner.stop_node(decision.node)
@@ -265,13 +262,12 @@ class Launcher:
             self.rendezvous.notify(list(decision.slots), decision.timestamp)
         elif isinstance(decision, SetDirective):
             self.store.put(
-                f"directives/{decision.node}",
-                {"slots": {str(index): inc for index, inc in decision.incarnations}},
+                keys.directive(decision.node), Directive(decision.incarnations).to_json()
             )
         elif isinstance(decision, FinishJob):
-            phase = "succeeded" if decision.succeeded else "failed"
-            self.store.put("status/job", {"phase": phase, "reason": decision.reason})
-            self._log(f"job {self.settings.job_id} {phase}: {decision.reason}")
+            phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED
+            self.store.put(keys.JOB_STATUS, JobStatus(phase, decision.reason).to_json())
+            self._log(f"job {self.settings.job_id} {phase.value}: {decision.reason}")
             return JobResult(decision.succeeded, decision.reason)
         return None
 

@@ -3,72 +3,33 @@
 :class:`RingPolicy.step` takes a :class:`JobView` (what the store and the rendezvous say now)
 and returns the decisions to execute, in order. It does no I/O, so every rule is unit-tested
 step by step; :mod:`launcher.launcher` executes the decisions.
+
+Each node the policy knows is in one :class:`NodeState`, moved only along NODE_TRANSITIONS;
+every restart is spent through one :class:`RestartBudget`; the wanted number of nodes changes
+in one place (``RingPolicy._set_target``), with its reason.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
-import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Final
 
-from elastic_allreduce.rendezvous.model import (
+from elastic_allreduce.errors import ElasticAllreduceError
+from elastic_allreduce.records.keys import split_slot
+from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
-    REMOVED,
+    EpochCause,
+    ExitRecord,
+    JobSettings,
     Ring,
     RingState,
-    SlotAssignment,
-    next_membership,
-    split_slot,
 )
-from elastic_allreduce.store.codec import JsonValue
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """What the user asked for; stored at ``config/job`` so a restarted launcher reads it back."""
-
-    min_workers: int
-    max_workers: int
-    nproc_per_node: int
-    max_restarts: int
-    #: Seconds the job may stay below min_workers before it fails.
-    wait_timeout: float = 60.0
-    #: Seconds the first epoch waits for every initial worker before starting with >= min.
-    start_grace: float = 10.0
-    #: Seconds a member of a failed epoch may stay silent before it is killed and replaced.
-    stuck_timeout: float = 5.0
-    #: Seconds members of a resize epoch have to reach their next commit before it is treated
-    #: as a failure (their collectives are then interrupted).
-    resize_timeout: float = 60.0
-
-    def to_json(self) -> JsonValue:
-        return {
-            "min_workers": self.min_workers,
-            "max_workers": self.max_workers,
-            "nproc_per_node": self.nproc_per_node,
-            "max_restarts": self.max_restarts,
-            "wait_timeout": self.wait_timeout,
-            "start_grace": self.start_grace,
-            "stuck_timeout": self.stuck_timeout,
-            "resize_timeout": self.resize_timeout,
-        }
-
-    @classmethod
-    def from_json(cls, value: JsonValue) -> JobSettings:
-        if not isinstance(value, dict):
-            raise ValueError(f"job settings must be an object, got {value!r}")
-        return cls(
-            min_workers=int(value["min_workers"]),  # type: ignore[arg-type]
-            max_workers=int(value["max_workers"]),  # type: ignore[arg-type]
-            nproc_per_node=int(value["nproc_per_node"]),  # type: ignore[arg-type]
-            max_restarts=int(value["max_restarts"]),  # type: ignore[arg-type]
-            wait_timeout=float(value.get("wait_timeout", 60.0)),  # type: ignore[arg-type]
-            start_grace=float(value.get("start_grace", 10.0)),  # type: ignore[arg-type]
-            stuck_timeout=float(value.get("stuck_timeout", 5.0)),  # type: ignore[arg-type]
-            resize_timeout=float(value.get("resize_timeout", 60.0)),  # type: ignore[arg-type]
-        )
+from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment, next_membership
+from elastic_allreduce.rendezvous.protocol import WaitKind
 
 
 @dataclass(frozen=True)
@@ -107,15 +68,7 @@ class Exit:
         return self.code == 0
 
     def describe(self) -> str:
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = f"signal {self.signal}"
-            return f"killed by {name}"
-        if self.code == NOT_ADMITTED_EXIT_CODE:
-            return "not admitted"
-        return f"exit code {self.code}"
+        return ExitRecord(self.code, self.signal).describe()
 
 
 class Phase(enum.Enum):
@@ -239,7 +192,7 @@ class JobView:
     procs: Mapping[str, Proc]
     members: Mapping[str, Member]
     exits: tuple[Exit, ...]
-    waiting: Mapping[str, str]
+    waiting: Mapping[str, WaitKind]
     #: Nodes asked for with ``elastic-run scale`` (None: no request).
     scale_target: int | None = None
     #: Requested nodes that the cluster cannot place yet (Kubernetes: unschedulable pods).
@@ -252,46 +205,212 @@ class JobView:
     dead_nodes: frozenset[str] = frozenset()
 
 
-@dataclass
-class RingPolicy:
-    """The launcher's state machine: one :meth:`step` per change of the view."""
+class PolicyError(ElasticAllreduceError):
+    """The policy was asked to do something its rules forbid (a bug in its caller or in it)."""
 
-    settings: JobSettings
-    rendezvous: str
-    started_at: float
-    target_workers: int
-    ring: Ring | None = None
-    phase: Phase = Phase.RUNNING
-    epoch_since: float = 0.0
-    restarts_used: int = 0
-    #: The last crash that cost the job a slot (reported if the job later fails).
-    failure: str | None = None
-    #: A crash of a member while the others were finishing: the job fails with it.
-    finish_failure: str | None = None
-    below_min_since: float | None = None
-    handled_exits: set[tuple[str, int]] = field(default_factory=set)
-    finished: set[str] = field(default_factory=set)
-    abandoned: set[str] = field(default_factory=set)
-    killed_stuck: set[tuple[str, int]] = field(default_factory=set)
-    directives: dict[str, dict[int, int]] = field(default_factory=dict)
-    #: The process incarnation of each member of the current ring.
-    member_incarnations: dict[str, int] = field(default_factory=dict)
-    #: Last incarnation seen alive per slot (to tell a lost lease from a reported exit).
-    incarnations: dict[str, int] = field(default_factory=dict)
-    #: Nodes requested from the provisioner and when; nodes seen registered.
-    requested_nodes: dict[str, float] = field(default_factory=dict)
-    seen_nodes: set[str] = field(default_factory=set)
-    stopping_nodes: set[str] = field(default_factory=set)
-    left_nodes: set[str] = field(default_factory=set)
-    lost_nodes: set[str] = field(default_factory=set)
-    #: Nodes whose graceful leave lowered the target (undone if the node turns out disrupted).
-    voluntary_leaves: set[str] = field(default_factory=set)
-    disrupted_handled: set[str] = field(default_factory=set)
-    scale_request: int | None = None
-    #: Slots whose script ended successfully, with the incarnation that did.
-    finishing: dict[str, int] = field(default_factory=dict)
-    #: Slots of the last epoch that ran: they hold the committed state (after its sync).
-    holders: set[str] = field(default_factory=set)
+
+# -- nodes --------------------------------------------------------------------------------------
+
+
+class NodeState(enum.Enum):
+    """Where a node is in its life, as far as the policy knows (moves: NODE_TRANSITIONS)."""
+
+    #: Never heard of: not started by us, not seen registered, not reported (never stored).
+    UNKNOWN = "unknown"
+    #: Asked of the provisioner; its agent has not registered yet (counts toward the target).
+    REQUESTED = "requested"
+    #: Requested but not registered within NODE_START_TIMEOUT: no longer counted, so another is
+    #: started; if it registers after all, it counts as a node that joined by itself.
+    TIMED_OUT = "timed out"
+    #: Its agent's ``members/<node>`` key appeared: a node of the job.
+    REGISTERED = "registered"
+    #: Its agent leaves gracefully on its own (SIGTERM): the target was lowered for it.
+    LEAVING = "leaving"
+    #: We asked the provisioner to stop it (scale-down): nothing about it counts any more.
+    STOPPING = "stopping"
+    #: Its member key vanished without a graceful leave: replaced or the target lowered, once.
+    LOST = "lost"
+    #: The provisioner reported it lost (failed, evicted, preempted): replaced or the target
+    #: lowered, once; a graceful leave it made first no longer lowers the target.
+    DISRUPTED = "disrupted"
+
+
+#: The moves a node may make; any other is a bug and raises PolicyError. A LOST or LEAVING node
+#: whose member key comes back live (its id reused by ``elastic-run join``) counts as live again,
+#: so it may still leave or be stopped; STOPPING and DISRUPTED are final.
+NODE_TRANSITIONS: Final[Mapping[NodeState, frozenset[NodeState]]] = MappingProxyType(
+    {
+        NodeState.UNKNOWN: frozenset(
+            {NodeState.REQUESTED, NodeState.REGISTERED, NodeState.LEAVING, NodeState.DISRUPTED}
+        ),
+        NodeState.REQUESTED: frozenset(
+            {NodeState.REGISTERED, NodeState.LEAVING, NodeState.TIMED_OUT, NodeState.DISRUPTED}
+        ),
+        NodeState.TIMED_OUT: frozenset(
+            {NodeState.REGISTERED, NodeState.LEAVING, NodeState.DISRUPTED}
+        ),
+        NodeState.REGISTERED: frozenset(
+            {NodeState.LEAVING, NodeState.STOPPING, NodeState.LOST, NodeState.DISRUPTED}
+        ),
+        NodeState.LEAVING: frozenset({NodeState.STOPPING, NodeState.DISRUPTED}),
+        NodeState.LOST: frozenset({NodeState.LEAVING, NodeState.STOPPING, NodeState.DISRUPTED}),
+        NodeState.STOPPING: frozenset(),
+        NodeState.DISRUPTED: frozenset(),
+    }
+)
+
+#: Nodes whose agent we have not seen register: their member key appearing is news.
+_UNREGISTERED: Final = frozenset({NodeState.UNKNOWN, NodeState.REQUESTED, NodeState.TIMED_OUT})
+#: Members that no longer count toward the target even while their key exists.
+_DISCOUNTED: Final = frozenset({NodeState.STOPPING, NodeState.DISRUPTED})
+
+
+@dataclass(frozen=True)
+class _NodeEntry:
+    state: NodeState
+    #: When the node entered its state (for REQUESTED: when the start timeout began).
+    since: float
+
+
+class NodeTable:
+    """Every node the policy has heard of, each in one explicit :class:`NodeState`.
+
+    :meth:`move` is the only way a node changes state, and it enforces NODE_TRANSITIONS.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _NodeEntry] = {}
+
+    def state(self, node: str) -> NodeState:
+        """The node's state (UNKNOWN for a node never heard of)."""
+        entry = self._entries.get(node)
+        return NodeState.UNKNOWN if entry is None else entry.state
+
+    def since(self, node: str) -> float:
+        """When the node entered its state (or its clock was restarted)."""
+        entry = self._entries.get(node)
+        if entry is None:
+            raise PolicyError(f"node {node} is unknown to the policy: it has no state to date")
+        return entry.since
+
+    def in_state(self, state: NodeState) -> list[str]:
+        """The nodes in ``state``, in the order the policy first heard of them."""
+        return [node for node, entry in self._entries.items() if entry.state is state]
+
+    def count(self, state: NodeState) -> int:
+        """How many nodes are in ``state``."""
+        return sum(1 for entry in self._entries.values() if entry.state is state)
+
+    def move(self, node: str, to: NodeState, now: float) -> NodeState:
+        """Move ``node`` to ``to`` at ``now``; return the state it left.
+
+        Raises PolicyError for a move NODE_TRANSITIONS does not allow (the state is unchanged).
+        """
+        source = self.state(node)
+        if to not in NODE_TRANSITIONS[source]:
+            allowed = ", ".join(sorted(s.value for s in NODE_TRANSITIONS[source])) or "none"
+            raise PolicyError(
+                f"node {node} cannot go from {source.value} to {to.value} "
+                f"(allowed from {source.value}: {allowed})"
+            )
+        self._entries[node] = _NodeEntry(to, now)
+        return source
+
+    def restart_clock(self, node: str, now: float) -> None:
+        """Date the node's current state from ``now`` (a requested node the cluster cannot
+        place yet: its start timeout runs from when it is placed)."""
+        entry = self._entries.get(node)
+        if entry is None:
+            raise PolicyError(f"node {node} is unknown to the policy: it has no clock to restart")
+        self._entries[node] = _NodeEntry(entry.state, now)
+
+
+@dataclass
+class RestartBudget:
+    """The job's restarts (``--max-restarts``): every crash restart and every replacement of a
+    hung process or lost node spends one, through :meth:`try_spend`."""
+
+    limit: int
+    used: int = 0
+
+    def __post_init__(self) -> None:
+        if self.limit < 0 or not 0 <= self.used <= self.limit:
+            raise PolicyError(
+                f"a restart budget needs 0 <= used <= limit, got used={self.used} "
+                f"limit={self.limit} (--max-restarts must be 0 or more)"
+            )
+
+    @property
+    def left(self) -> int:
+        """Restarts that may still be spent."""
+        return self.limit - self.used
+
+    def try_spend(self) -> bool:
+        """Spend one restart if any is left; False (nothing spent) when the budget is used up."""
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+
+class RingPolicy:
+    """The launcher's state machine: one :meth:`step` per change of the view.
+
+    Nodes live in :attr:`nodes` (one :class:`NodeState` each), restarts in :attr:`budget`;
+    the wanted number of nodes changes only in :meth:`_set_target`.
+    """
+
+    def __init__(
+        self, settings: JobSettings, rendezvous: str, started_at: float, target_workers: int
+    ) -> None:
+        self.settings = settings
+        self.rendezvous = rendezvous
+        self.started_at = started_at
+        self._target_workers = target_workers
+        self._target_reason = "the job's initial size"
+        self.budget = RestartBudget(settings.max_restarts)
+        self.nodes = NodeTable()
+        self.ring: Ring | None = None
+        self.phase = Phase.RUNNING
+        self.epoch_since = 0.0
+        #: The last crash that cost the job a slot (reported if the job later fails).
+        self.failure: str | None = None
+        #: A crash of a member while the others were finishing: the job fails with it.
+        self.finish_failure: str | None = None
+        self.below_min_since: float | None = None
+        self.handled_exits: set[tuple[str, int]] = set()
+        self.finished: set[str] = set()
+        self.abandoned: set[str] = set()
+        self.killed_stuck: set[tuple[str, int]] = set()
+        self.directives: dict[str, dict[int, int]] = {}
+        #: The process incarnation of each member of the current ring.
+        self.member_incarnations: dict[str, int] = {}
+        #: Last incarnation seen alive per slot (to tell a lost lease from a reported exit).
+        self.incarnations: dict[str, int] = {}
+        self.scale_request: int | None = None
+        #: Slots whose script ended successfully, with the incarnation that did.
+        self.finishing: dict[str, int] = {}
+        #: Slots of the last epoch that ran: they hold the committed state (after its sync).
+        self.holders: set[str] = set()
+
+    @property
+    def target_workers(self) -> int:
+        """The number of nodes the job wants now."""
+        return self._target_workers
+
+    @property
+    def target_reason(self) -> str:
+        """Why :attr:`target_workers` last changed."""
+        return self._target_reason
+
+    @property
+    def restarts_used(self) -> int:
+        """Restarts spent so far (of ``settings.max_restarts``)."""
+        return self.budget.used
+
+    def node_state(self, node: str) -> NodeState:
+        """Where ``node`` is in its life (UNKNOWN for a node never heard of)."""
+        return self.nodes.state(node)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -319,7 +438,15 @@ class RingPolicy:
     def nodes_started(self, nodes: list[str], now: float) -> None:
         """The provisioner started these nodes (called by the executor of StartNodes)."""
         for node in nodes:
-            self.requested_nodes[node] = now
+            # An id the policy already knows (`elastic-run join --node-id` took it first): its
+            # agent cannot register under a taken id, so there is nothing new to wait for.
+            if self.nodes.state(node) is NodeState.UNKNOWN:
+                self.nodes.move(node, NodeState.REQUESTED, now)
+
+    def _set_target(self, workers: int, reason: str) -> None:
+        """The one place the wanted number of nodes changes, and why (see target_reason)."""
+        self._target_workers = workers
+        self._target_reason = reason
 
     # -- lost leases ---------------------------------------------------------------------------
 
@@ -349,10 +476,9 @@ class RingPolicy:
                 )
             if member is None or member.leaving or self.phase is not Phase.RUNNING:
                 decisions.append(Log(problem))
-            elif self.restarts_used < self.settings.max_restarts:
-                self.restarts_used += 1
+            elif self.budget.try_spend():
                 decisions += [
-                    Log(f"{problem}; replacing it (restart {self.restarts_used})"),
+                    Log(f"{problem}; replacing it (restart {self.budget.used})"),
                     self._set_slot(member, index, incarnation + 1),
                 ]
             else:
@@ -372,38 +498,37 @@ class RingPolicy:
         """Keep the number of nodes at the target: scale requests, leaves, lost nodes."""
         decisions: list[Decision] = []
         settings = self.settings
+        # Members we neither started nor saw before (`elastic-run join`, or a node that timed
+        # out and registered after all): taken before this step moves any node.
+        arrivals = sorted(
+            n
+            for n in view.members
+            if self.nodes.state(n) in (NodeState.UNKNOWN, NodeState.TIMED_OUT)
+        )
         if view.scale_target is not None and view.scale_target != self.scale_request:
             self.scale_request = view.scale_target
             wanted = max(settings.min_workers, min(settings.max_workers, view.scale_target))
             decisions.append(Log(f"scaling to {wanted} nodes (asked for {view.scale_target})"))
-            self.target_workers = wanted
+            self._set_target(wanted, f"`elastic-run scale` asked for {view.scale_target} nodes")
         decisions += self._on_disruptions(view)
-        for member in view.members.values():
-            if member.leaving and member.node not in self.left_nodes:
-                self.left_nodes.add(member.node)
-                if member.node not in self.stopping_nodes:
-                    self.target_workers -= 1
-                    self.voluntary_leaves.add(member.node)
-                    decisions.append(Log(f"node {member.node} is leaving gracefully"))
-        decisions += self._track_nodes(view)
+        decisions += self._on_leaves(view)
+        decisions += self._track_nodes(view, arrivals)
         if self.phase is not Phase.RUNNING:
             return decisions
         alive = sorted(
             (
                 m
                 for m in view.members.values()
-                if not m.leaving
-                and m.node not in self.stopping_nodes
-                and m.node not in self.disrupted_handled
+                if not m.leaving and self.nodes.state(m.node) not in _DISCOUNTED
             ),
             key=lambda m: m.registered,
         )
-        have = len(alive) + len(self.requested_nodes)
+        have = len(alive) + self.nodes.count(NodeState.REQUESTED)
         if have < self.target_workers:
             decisions.append(StartNodes(self.target_workers - have))
         elif have > self.target_workers and self.ring is not None:
             for member in alive[max(0, len(alive) - (have - self.target_workers)) :]:
-                self.stopping_nodes.add(member.node)
+                self.nodes.move(member.node, NodeState.STOPPING, view.now)
                 decisions.append(StopNode(member.node))
         return decisions
 
@@ -413,26 +538,24 @@ class RingPolicy:
         SIGTERM of a preemption is not a request to shrink the job)."""
         decisions: list[Decision] = []
         for node, reason in sorted(view.disrupted_nodes.items()):
-            if node in self.disrupted_handled or node in self.stopping_nodes:
+            if self.nodes.state(node) in (NodeState.DISRUPTED, NodeState.STOPPING):
                 continue
-            self.disrupted_handled.add(node)
-            self.lost_nodes.add(node)
-            self.left_nodes.add(node)
-            self.requested_nodes.pop(node, None)
-            if node in self.voluntary_leaves:
-                self.voluntary_leaves.discard(node)
-                self.target_workers += 1
+            if self.nodes.move(node, NodeState.DISRUPTED, view.now) is NodeState.LEAVING:
+                self._set_target(
+                    self.target_workers + 1, f"node {node} was lost, not leaving: {reason}"
+                )
             epoch = self.ring.epoch if self.ring else 0
             known = {*view.procs, *(self.ring.slots if self.ring else ())}
             slots = tuple(sorted(s for s in known if split_slot(s)[0] == node))
             if self.phase is not Phase.RUNNING:
                 decisions.append(Log(f"node {node} was lost: {reason}"))
                 continue
-            if self.restarts_used < self.settings.max_restarts:
-                self.restarts_used += 1
+            if self.budget.try_spend():
                 message = f"node {node} was lost: {reason}; starting a replacement"
             else:
-                self.target_workers -= 1
+                self._set_target(
+                    self.target_workers - 1, f"node {node} was lost with no restarts left"
+                )
                 self.failure = self.failure or f"node {node} was lost: {reason}"
                 message = f"node {node} was lost: {reason}; no restarts left to replace it"
             decisions += [
@@ -441,35 +564,50 @@ class RingPolicy:
             ]
         return decisions
 
-    def _track_nodes(self, view: JobView) -> list[Decision]:
+    def _on_leaves(self, view: JobView) -> list[Decision]:
+        """Nodes whose agent leaves gracefully on its own: the job shrinks by one for each (a
+        node we are stopping, or one the provisioner reported lost, changes nothing)."""
+        decisions: list[Decision] = []
+        for member in view.members.values():
+            state = self.nodes.state(member.node)
+            if not member.leaving or state in (NodeState.LEAVING, *_DISCOUNTED):
+                continue
+            self.nodes.move(member.node, NodeState.LEAVING, view.now)
+            self._set_target(self.target_workers - 1, f"node {member.node} left gracefully")
+            decisions.append(Log(f"node {member.node} is leaving gracefully"))
+        return decisions
+
+    def _track_nodes(self, view: JobView, arrivals: list[str]) -> list[Decision]:
         """Note registered, late and lost nodes (a lost node is replaced while restarts last)."""
         decisions: list[Decision] = []
-        for node in sorted(set(view.members) - self.seen_nodes - set(self.requested_nodes)):
+        for node in arrivals:
             # Not started by us: `elastic-run join` asks for one more node, within the maximum.
             if self.target_workers < self.settings.max_workers:
-                self.target_workers += 1
+                self._set_target(self.target_workers + 1, f"node {node} joined by itself")
                 decisions.append(
                     Log(f"node {node} joined by itself; the job now wants {self.target_workers}")
                 )
-        self.seen_nodes |= set(view.members)
-        for node in view.pending_nodes & set(self.requested_nodes):
-            # The start timeout runs from when the cluster places the node, not while it waits.
-            self.requested_nodes[node] = view.now
-        for node, since in list(self.requested_nodes.items()):
-            if node in self.seen_nodes or view.now - since > NODE_START_TIMEOUT:
-                if node not in self.seen_nodes:
-                    decisions.append(Log(f"node {node} did not register in time"))
-                del self.requested_nodes[node]
-        gone = self.seen_nodes - set(view.members) - self.left_nodes - self.stopping_nodes
-        for node in sorted(gone - self.lost_nodes):
-            self.lost_nodes.add(node)
+        for node in view.members:
+            if self.nodes.state(node) in _UNREGISTERED:
+                self.nodes.move(node, NodeState.REGISTERED, view.now)
+        for node in self.nodes.in_state(NodeState.REQUESTED):
+            if node in view.pending_nodes:
+                # The start timeout runs from when the cluster places the node, not while it waits.
+                self.nodes.restart_clock(node, view.now)
+            elif view.now - self.nodes.since(node) > NODE_START_TIMEOUT:
+                decisions.append(Log(f"node {node} did not register in time"))
+                self.nodes.move(node, NodeState.TIMED_OUT, view.now)
+        gone = sorted(n for n in self.nodes.in_state(NodeState.REGISTERED) if n not in view.members)
+        for node in gone:
+            self.nodes.move(node, NodeState.LOST, view.now)
             if self.phase is not Phase.RUNNING:
                 continue
-            if self.restarts_used < self.settings.max_restarts:
-                self.restarts_used += 1
+            if self.budget.try_spend():
                 decisions.append(Log(f"node {node} was lost; starting a replacement"))
             else:
-                self.target_workers -= 1
+                self._set_target(
+                    self.target_workers - 1, f"node {node} was lost with no restarts left"
+                )
                 decisions.append(Log(f"node {node} was lost; no restarts left to replace it"))
         return decisions
 
@@ -503,12 +641,9 @@ class RingPolicy:
         if key in self.killed_stuck:
             # Its directive already asks for the next incarnation; this is not the user's crash.
             return [Log(f"slot {exit_.slot} was killed because it was stuck; replacing it")]
-        if member is not None and self.restarts_used < self.settings.max_restarts:
-            self.restarts_used += 1
+        if member is not None and self.budget.try_spend():
             return [
-                Log(
-                    f"{problem}; restarting it ({self.restarts_used}/{self.settings.max_restarts})"
-                ),
+                Log(f"{problem}; restarting it ({self.budget.used}/{self.budget.limit})"),
                 crashed,
                 self._set_slot(member, index, exit_.incarnation + 1),
             ]
@@ -581,7 +716,7 @@ class RingPolicy:
             survivors = keep + tuple(s for s in survivors if s not in keep)
         candidates = {s: view.procs[s].registered for s in survivors}
         for slot, kind in view.waiting.items():
-            if kind == "fresh" and slot in view.procs and self._usable(slot, view):
+            if kind == WaitKind.FRESH and slot in view.procs and self._usable(slot, view):
                 candidates.setdefault(slot, view.procs[slot].registered)
         target = next_membership(survivors, candidates)
         if ring is None:
@@ -589,15 +724,17 @@ class RingPolicy:
             complete = {n for n, count in per_node.items() if count == self.settings.nproc_per_node}
             grace_over = view.now - self.started_at >= self.settings.start_grace
             # Nodes the cluster cannot place yet are not waited for: they join when they start.
-            expected = self.target_workers - len(view.pending_nodes & set(self.requested_nodes))
+            expected = self.target_workers - sum(
+                1 for n in view.pending_nodes if self.nodes.state(n) is NodeState.REQUESTED
+            )
             enough = len(complete) >= max(expected, self.settings.min_workers)
             if not enough and not (grace_over and len(complete) >= self.settings.min_workers):
                 return self._check_min_wait(view, len(complete))
             return self._form(
-                view, tuple(s for s in target if split_slot(s)[0] in complete), "start"
+                view, tuple(s for s in target if split_slot(s)[0] in complete), EpochCause.START
             )
         died = [s for s in ring.slots if s not in survivors and not self._left(s, view)]
-        resets = [s for s in ring.slots if view.waiting.get(s) == "reset"]
+        resets = [s for s in ring.slots if view.waiting.get(s) == WaitKind.RESET]
         if ring.state is RingState.RUNNING and not died and not resets and target == ring.slots:
             self.below_min_since = None
             return []
@@ -608,9 +745,10 @@ class RingPolicy:
             return self._check_min_wait(view, len(nodes))
         self.below_min_since = None
         if ring.state is RingState.FORMING:
-            cause = "failure" if (died or ring.cause == "failure") else ring.cause
+            failed = died or ring.cause is EpochCause.FAILURE
+            cause = EpochCause.FAILURE if failed else ring.cause
         else:
-            cause = "failure" if (died or resets) else "resize"
+            cause = EpochCause.FAILURE if (died or resets) else EpochCause.RESIZE
         return self._form(view, target, cause)
 
     def _check_min_wait(self, view: JobView, ready: int) -> list[Decision]:
@@ -638,7 +776,7 @@ class RingPolicy:
             reason += f"; last failure: {self.failure}"
         return self._finish(False, reason, view)
 
-    def _form(self, view: JobView, target: tuple[str, ...], cause: str) -> list[Decision]:
+    def _form(self, view: JobView, target: tuple[str, ...], cause: EpochCause) -> list[Decision]:
         previous = self.ring
         epoch = (previous.epoch if previous else 0) + 1
         waiting = tuple(s for s in target if s not in view.waiting)
@@ -647,7 +785,7 @@ class RingPolicy:
         self.member_incarnations = {s: view.procs[s].incarnation for s in target if s in view.procs}
         self.epoch_since = view.now
         decisions: list[Decision] = [
-            Log(f"forming epoch {epoch} ({cause}): {len(target)} ranks {list(target)}"),
+            Log(f"forming epoch {epoch} ({cause.value}): {len(target)} ranks {list(target)}"),
             WriteRing(self.ring),
         ]
         joined = tuple(s for s in target if before.get(s) != self.member_incarnations.get(s))
@@ -680,7 +818,7 @@ class RingPolicy:
                     f"(ranks {', '.join(str(target.index(s)) for s in joined)} of {len(target)})",
                 )
             )
-        if previous is not None and cause == "resize":
+        if previous is not None and cause is EpochCause.RESIZE:
             survivors = tuple(s for s in previous.slots if s in view.procs)
             decisions.append(NotifyWorkers(survivors, epoch))
         return decisions
@@ -693,7 +831,7 @@ class RingPolicy:
         outsiders = [
             s
             for s, kind in view.waiting.items()
-            if s not in ring.slots and (kind == "reset" or not self._may_join_later(s, view))
+            if s not in ring.slots and (kind == WaitKind.RESET or not self._may_join_later(s, view))
         ]
         if outsiders:
             decisions.append(ReleaseWaiters(ring.epoch, tuple((s, REMOVED) for s in outsiders)))
@@ -720,7 +858,7 @@ class RingPolicy:
                 ChangeKind.REFORMED,
                 ring.epoch,
                 ring.slots,
-                f"epoch {ring.epoch} ({ring.cause}) running with {len(ring.slots)} ranks "
+                f"epoch {ring.epoch} ({ring.cause.value}) running with {len(ring.slots)} ranks "
                 f"[{ranks}]; formed in {took:.2f} s",
             ),
         ]
@@ -736,8 +874,8 @@ class RingPolicy:
         if ring is None or ring.state is not RingState.FORMING:
             return []
         silent_for = view.now - self.epoch_since
-        if ring.cause == "resize" and silent_for > self.settings.resize_timeout:
-            self.ring = replace(ring, cause="failure")
+        if ring.cause is EpochCause.RESIZE and silent_for > self.settings.resize_timeout:
+            self.ring = replace(ring, cause=EpochCause.FAILURE)
             self.epoch_since = view.now
             return [
                 Log(
@@ -745,7 +883,7 @@ class RingPolicy:
                 ),
                 WriteRing(self.ring),
             ]
-        if ring.cause != "failure" or silent_for <= self.settings.stuck_timeout:
+        if ring.cause is not EpochCause.FAILURE or silent_for <= self.settings.stuck_timeout:
             return []
         decisions: list[Decision] = []
         for slot in ring.waiting:

@@ -1,17 +1,18 @@
 """The Gloo rendezvous that Horovod workers talk to, on Horovod's own HTTP server classes.
 
-It answers Horovod's elastic protocol:
+It serves the protocol of :mod:`elastic_allreduce.rendezvous.protocol` (scopes, request keys and
+reply encodings are defined there, once, for this server and its clients):
 
-* ``GET /rank_and_size/<slot>:0`` -- a surviving worker re-initialising after a reset. The
-  request is held open until the launcher starts the next epoch (every member has asked), then
-  answered with the slot's ranks: no member enters ``hvd.init()``'s Gloo rendezvous before all
-  of them can (a member that never arrives would abort its peers inside Gloo).
-* ``GET /elastic_ready/<slot>`` -- the same barrier for a fresh process (our bootstrap), which
-  Horovod would not ask because its first ``hvd.init()`` reads the ranks from the environment.
-* ``GET /elastic_epoch/<slot>`` -- the ring epoch the slot was last admitted to; a worker asks
-  after each reset, since Horovod keeps the answer of ``rank_and_size`` to itself.
-* ``PUT /worker_addresses/<slot>:0`` -- a worker's notification service; the launcher uses it to
-  send host-update notifications, which make ``state.commit()`` raise ``HostsUpdatedInterrupt``.
+* ``rank_and_size`` -- a surviving worker re-initialising after a reset. The request is held
+  open until the launcher starts the next epoch (every member has asked), then answered with the
+  slot's ranks: no member enters ``hvd.init()``'s Gloo rendezvous before all of them can (a
+  member that never arrives would abort its peers inside Gloo).
+* ``elastic_ready`` -- the same barrier for a fresh process (our bootstrap), which Horovod would
+  not ask because its first ``hvd.init()`` reads the ranks from the environment.
+* ``elastic_epoch`` -- the ring epoch the slot was last admitted to; a worker asks after each
+  reset, since Horovod keeps the answer of ``rank_and_size`` to itself.
+* ``worker_addresses`` -- a worker's notification service; the launcher uses it to send
+  host-update notifications, which make ``state.commit()`` raise ``HostsUpdatedInterrupt``.
 
 Everything else is Horovod's key-value store for Gloo's own rendezvous, cleared when an epoch
 starts.
@@ -31,22 +32,11 @@ from horovod.runner.common.util import codec as horovod_codec
 from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousServer
 
-from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
+from elastic_allreduce.rendezvous import protocol
+from elastic_allreduce.rendezvous.model import REMOVED
+from elastic_allreduce.rendezvous.protocol import Admission, WaitKind
 
 log = logging.getLogger(__name__)
-
-RANK_AND_SIZE: Final = "rank_and_size"
-ELASTIC_READY: Final = "elastic_ready"
-ELASTIC_EPOCH: Final = "elastic_epoch"
-WORKER_ADDRESSES: Final = "worker_addresses"
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What a waiting slot is told: its ranks in ``epoch`` (or REMOVED)."""
-
-    epoch: int
-    assignment: SlotAssignment
 
 
 class ReadinessBoard:
@@ -57,14 +47,14 @@ class ReadinessBoard:
 
     def __init__(self, on_change: Callable[[], None]) -> None:
         self._cond = threading.Condition()
-        self._waiting: dict[str, str] = {}
-        self._answers: dict[str, Answer] = {}
+        self._waiting: dict[str, WaitKind] = {}
+        self._answers: dict[str, Admission] = {}
         #: The epoch each slot was last admitted to (what ``GET /elastic_epoch/<slot>`` says).
         self._admitted: dict[str, int] = {}
         self._on_change = on_change
         self._closed = False
 
-    def wait(self, slot: str, kind: str, timeout: float) -> Answer:
+    def wait(self, slot: str, kind: WaitKind, timeout: float) -> Admission:
         """Register ``slot`` as ready and block until answered (REMOVED after ``timeout``)."""
         with self._cond:
             self._answers.pop(slot, None)
@@ -84,21 +74,21 @@ class ReadinessBoard:
                 "slot %s: no epoch formed within %.0f s; telling it to leave", slot, timeout
             )
             self._on_change()
-            return Answer(-1, REMOVED)
+            return Admission(-1, REMOVED)
         return answer
 
-    def waiting(self) -> Mapping[str, str]:
-        """Slots waiting now, with how they asked ('reset' or 'fresh')."""
+    def waiting(self) -> Mapping[str, WaitKind]:
+        """Slots waiting now, with how they asked."""
         with self._cond:
             return dict(self._waiting)
 
-    def answer(self, answers: Mapping[str, Answer]) -> None:
+    def answer(self, answers: Mapping[str, Admission]) -> None:
         """Release waiting slots with their answers."""
         with self._cond:
             for slot, answer in answers.items():
                 if self._waiting.pop(slot, None) is not None:
                     self._answers[slot] = answer
-                    if answer.assignment.rank >= 0:
+                    if answer.admitted:
                         self._admitted[slot] = answer.epoch
             self._cond.notify_all()
 
@@ -235,23 +225,23 @@ def _notify_one(
 def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
     class ElasticHandler(RendezvousHandler):  # type: ignore[misc]
         def _get_value(self, scope: str, key: str) -> bytes | None:
-            if scope == RANK_AND_SIZE:
-                slot = key.rsplit(":", 1)[0]
-                answer = service.board.wait(slot, "reset", service.wait_timeout)
-                return answer.assignment.horovod_response()
-            if scope == ELASTIC_EPOCH:
+            if scope == protocol.RANK_AND_SIZE:
+                slot = protocol.slot_of_worker_key(key)
+                answer = service.board.wait(slot, WaitKind.RESET, service.wait_timeout)
+                return protocol.encode_assignment(answer.assignment)
+            if scope == protocol.ELASTIC_EPOCH:
                 epoch = service.board.admitted_epoch(key)
-                return None if epoch is None else str(epoch).encode()
-            if scope == ELASTIC_READY:
-                answer = service.board.wait(key, "fresh", service.wait_timeout)
-                return f"{answer.epoch},".encode() + answer.assignment.horovod_response()
+                return None if epoch is None else protocol.encode_epoch(epoch)
+            if scope == protocol.ELASTIC_READY:
+                answer = service.board.wait(key, WaitKind.FRESH, service.wait_timeout)
+                return protocol.encode_admission(answer)
             value: bytes | None = super()._get_value(scope, key)
             return value
 
         def _put_value(self, scope: str, key: str, value: bytes) -> None:
-            if scope == WORKER_ADDRESSES:
+            if scope == protocol.WORKER_ADDRESSES:
                 addresses, secret_key = horovod_codec.loads_base64(value)
-                service.register_worker(key.rsplit(":", 1)[0], addresses, secret_key)
+                service.register_worker(protocol.slot_of_worker_key(key), addresses, secret_key)
             super()._put_value(scope, key, value)
 
     return ElasticHandler

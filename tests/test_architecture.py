@@ -1,40 +1,82 @@
-"""Layering rules that the code must keep."""
+"""Layering rules that the code must keep: the import-linter contracts of pyproject.toml
+(`make lint` runs them on the tree; here they are shown to catch a violation)."""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
-
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
+LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
 
 
-def test_worker_library_never_imports_the_launcher() -> None:
-    sources = sorted((ROOT / "elastic_allreduce").rglob("*.py"))
-    assert sources, "no sources found"
-    offenders = {
-        str(path.relative_to(ROOT)): sorted(
-            m for m in imported_modules(path) if m.split(".")[0] == "launcher"
+def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [LINT_IMPORTS, "--config", str(tree / "pyproject.toml"), "--no-cache"],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def tree_copy(tmp_path: Path) -> Path:
+    """The two packages and pyproject.toml, to break on purpose."""
+    for package in ("elastic_allreduce", "launcher"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
         )
-        for path in sources
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
 
 
-def test_the_check_itself_would_catch_an_import(tmp_path: Path) -> None:
-    sample = tmp_path / "sample.py"
-    sample.write_text("import os\nfrom launcher.cli import main\n")
-    assert "launcher.cli" in imported_modules(sample)
+def _add_import(path: Path, line: str) -> None:
+    text = path.read_text()
+    head, sep, rest = text.partition("from __future__ import annotations\n")
+    path.write_text(head + sep + line + "\n" + rest)
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = _lint(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        (
+            "elastic_allreduce/runtime.py",
+            "import launcher.cli",
+            "never imports the control plane",
+        ),
+        ("elastic_allreduce/records/values.py", "import socket", "do no I/O"),
+        (
+            "launcher/policy.py",
+            "from elastic_allreduce.store import EtcdStore",
+            "do no I/O",
+        ),
+        ("elastic_allreduce/rendezvous/protocol.py", "import urllib.request", "do no I/O"),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(
+    tree_copy: Path, module: str, line: str, contract: str
+) -> None:
+    _add_import(tree_copy / module, line)
+    result = _lint(tree_copy)
+    assert result.returncode != 0, result.stdout
+    assert "1 broken" in result.stdout, result.stdout
+    broken = result.stdout.split("Broken contracts", 1)[1]
+    assert contract in broken, broken
 
 
 def test_the_lazy_training_api_names_match_the_worker_module() -> None:

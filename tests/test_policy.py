@@ -7,12 +7,13 @@ from typing import TypeVar
 
 import pytest
 
-from elastic_allreduce.rendezvous.model import REMOVED, RingState, next_membership
+from elastic_allreduce.records.values import JobSettings, RingState
+from elastic_allreduce.rendezvous.model import REMOVED, next_membership
+from elastic_allreduce.rendezvous.protocol import WaitKind
 from launcher.policy import (
     Decision,
     Exit,
     FinishJob,
-    JobSettings,
     JobView,
     Log,
     Member,
@@ -37,7 +38,7 @@ class World:
     procs: dict[str, Proc] = field(default_factory=dict)
     members: dict[str, Member] = field(default_factory=dict)
     exits: list[Exit] = field(default_factory=list)
-    waiting: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, WaitKind] = field(default_factory=dict)
     scale_target: int | None = None
     revision: int = 0
 
@@ -47,7 +48,7 @@ class World:
         slot = f"{node}.0"
         self.procs[slot] = Proc(slot, incarnation, self.revision)
         if ready:
-            self.waiting[slot] = "fresh"
+            self.waiting[slot] = WaitKind.FRESH
         return slot
 
     def kill(self, slot: str, code: int | None = None, signal: int | None = 9) -> None:
@@ -138,9 +139,9 @@ def test_a_crash_without_restarts_drops_the_slot_and_survivors_keep_their_order(
     assert (ring.epoch, ring.state, ring.cause) == (2, RingState.FORMING, "failure")
     assert ring.slots == ("n1.0", "n2.0") and ring.waiting == ("n1.0", "n2.0")
     assert any("crashed: killed by SIGKILL" in d.message for d in of(Log, decisions))
-    world.waiting["n2.0"] = "reset"
+    world.waiting["n2.0"] = WaitKind.RESET
     assert answers(step(policy, world)) == {}
-    world.waiting["n1.0"] = "reset"
+    world.waiting["n1.0"] = WaitKind.RESET
     # The oldest survivor becomes rank 0: it holds the committed state to broadcast.
     assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1}
 
@@ -150,14 +151,14 @@ def test_a_restarted_process_joins_as_a_newcomer_never_as_rank_zero() -> None:
     world.kill(slots[0], code=1, signal=None)
     decisions = step(policy, world)
     assert SetDirective("n0", ((0, 2),)) in decisions
-    world.waiting.update({"n1.0": "reset", "n2.0": "reset"})
+    world.waiting.update({"n1.0": WaitKind.RESET, "n2.0": WaitKind.RESET})
     assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1}
     world.add_node("n0", incarnation=2)
     decisions = step(policy, world)
     ring = of(WriteRing, decisions)[0].ring
     assert ring.cause == "resize" and ring.slots == ("n1.0", "n2.0", "n0.0")
     assert NotifyWorkers(("n1.0", "n2.0"), ring.epoch) in decisions
-    world.waiting.update({"n1.0": "reset", "n2.0": "reset"})
+    world.waiting.update({"n1.0": WaitKind.RESET, "n2.0": WaitKind.RESET})
     assert answers(step(policy, world)) == {"n1.0": 0, "n2.0": 1, "n0.0": 2}
 
 
@@ -178,7 +179,7 @@ def test_restarts_are_counted_and_then_the_job_fails_with_the_scripts_error() ->
 
 def test_a_member_that_resets_on_its_own_starts_a_failure_epoch() -> None:
     policy, world, _ = started_job()
-    world.waiting["n1.0"] = "reset"
+    world.waiting["n1.0"] = WaitKind.RESET
     ring = of(WriteRing, step(policy, world))[0].ring
     assert (ring.epoch, ring.cause, ring.waiting) == (2, "failure", ("n0.0", "n2.0"))
 
@@ -189,7 +190,7 @@ def test_a_join_is_a_resize_that_notifies_the_members() -> None:
     decisions = step(policy, world)
     assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2) in decisions
     assert any(d.message == "slot n3.0 joined" for d in of(Log, decisions))
-    world.waiting.update({s: "reset" for s in ("n0.0", "n1.0", "n2.0")})
+    world.waiting.update({s: WaitKind.RESET for s in ("n0.0", "n1.0", "n2.0")})
     assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1, "n2.0": 2, "n3.0": 3}
 
 
@@ -198,7 +199,7 @@ def test_a_graceful_leave_is_a_resize_and_the_leaver_is_told_it_is_removed() -> 
     world.members["n2"] = Member("n2", 1, True, world.members["n2"].registered)
     decisions = step(policy, world)
     assert NotifyWorkers(("n0.0", "n1.0", "n2.0"), 2) in decisions
-    world.waiting.update({s: "reset" for s in ("n0.0", "n1.0", "n2.0")})
+    world.waiting.update({s: WaitKind.RESET for s in ("n0.0", "n1.0", "n2.0")})
     decisions = step(policy, world)
     released = {s: a for d in of(ReleaseWaiters, decisions) for s, a in d.answers}
     assert released["n2.0"] == REMOVED
@@ -217,7 +218,7 @@ def test_a_member_stuck_in_a_failed_collective_is_replaced() -> None:
     policy, world, slots = started_job(stuck_timeout=5.0, max_restarts=0)
     world.kill(slots[0])
     step(policy, world)
-    world.waiting["n1.0"] = "reset"
+    world.waiting["n1.0"] = WaitKind.RESET
     world.now = 3.0
     assert of(SetDirective, step(policy, world)) == []
     world.now = 6.0
@@ -286,7 +287,7 @@ def test_the_last_holder_of_the_state_hands_it_to_a_newcomer_before_it_leaves() 
     policy, world, slots = started_job(count=2, max_restarts=1)
     world.kill(slots[1])
     step(policy, world)
-    world.waiting["n0.0"] = "reset"
+    world.waiting["n0.0"] = WaitKind.RESET
     assert answers(step(policy, world)) == {"n0.0": 0}
     # The restarted slot is ready to join just as the only member starts to leave.
     world.add_node("n1", incarnation=2)
@@ -294,7 +295,7 @@ def test_the_last_holder_of_the_state_hands_it_to_a_newcomer_before_it_leaves() 
     decisions = step(policy, world)
     ring = of(WriteRing, decisions)[0].ring
     assert ring.cause == "resize" and ring.slots == ("n0.0", "n1.0"), ring
-    world.waiting["n0.0"] = "reset"
+    world.waiting["n0.0"] = WaitKind.RESET
     # The leaver is rank 0 of the hand-off epoch: it broadcasts the committed state.
     assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1}
     ring = of(WriteRing, step(policy, world))[0].ring

@@ -14,7 +14,6 @@ busbw = algbw * 2 (n - 1) / n.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import statistics
 import subprocess
@@ -102,7 +101,9 @@ def mpi(ctx: Context, transports: str | None) -> tuple[str, list[dict[str, Any]]
 class _MpiJob(LineJob):
     """``mpirun``: only rank 0 prints, plain JSON lines."""
 
-    prefix = re.compile(r"^(?P<index>)(?P<text>\{.*\})\s*$")
+    def split(self, line: str) -> tuple[str, str] | None:
+        text = line.strip()
+        return ("", text) if text.startswith("{") and text.endswith("}") else None
 
 
 def loopback(ctx: Context) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from bench.horovodrun_baseline import MANY_STEPS, WORKLOAD, horovodrun_elastic_r
 from bench.items.context import Context
 from bench.jobs import STARTUP_LIMIT_S, BenchError, ElasticRunJob, first_steps, log, summarize
 from elastic_allreduce.errors import ElasticAllreduceError
-from elastic_allreduce.rendezvous.model import Ring, RingState
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.values import EpochCause, ProcRecord, Ring, RingState
 from elastic_allreduce.store import EtcdStore, EventType
 
 PARAMS = 100_000
@@ -79,10 +80,10 @@ class StoreRecorder:
     def rings(self, after: float = 0.0) -> list[tuple[float, Ring]]:
         rings = []
         for put in self.snapshot():
-            if put.key != "ring" or put.arrived <= after:
+            if put.key != keys.RING or put.arrived <= after:
                 continue
             with contextlib.suppress(ElasticAllreduceError):
-                rings.append((put.arrived, Ring.from_json("ring", put.value)))
+                rings.append((put.arrived, Ring.from_json(put.key, put.value)))
         return rings
 
     def wait_for(self, find: Any, timeout: float, what: str) -> Any:
@@ -141,11 +142,11 @@ def _fault(
 
     job.wait_for(warm, STARTUP_LIMIT_S, f"every rank of {ring.slots} to warm up")
     victim = ring.slots[1]
-    kv = store.get(f"procs/{victim}")
-    if kv is None or not isinstance(kv.value, dict):
-        raise BenchError(f"procs/{victim} is not in the store")
-    pid = int(kv.value["pid"])  # type: ignore[arg-type]
-    incarnation = kv.value.get("incarnation")
+    kv = store.get(keys.proc(victim))
+    if kv is None:
+        raise BenchError(f"{keys.proc(victim)} is not in the store")
+    record = ProcRecord.from_json(kv.key, kv.value)
+    pid, incarnation = record.pid, record.incarnation
     survivors = set(ring.slots) - {victim}
     hit_at = time.monotonic()
     os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
@@ -161,7 +162,7 @@ def _fault(
 
     def resize_epoch() -> tuple[float, Ring] | None:
         for arrived, candidate in recorder.rings(hit_at):
-            if candidate.cause == "resize" and victim in candidate.slots:
+            if candidate.cause is EpochCause.RESIZE and victim in candidate.slots:
                 return arrived, candidate
         return None
 
@@ -171,9 +172,8 @@ def _fault(
             put.arrived
             for put in recorder.snapshot()
             if put.arrived > hit_at
-            and put.key == f"procs/{victim}"
-            and isinstance(put.value, dict)
-            and put.value.get("incarnation") != incarnation
+            and put.key == keys.proc(victim)
+            and _incarnation(put) not in (None, incarnation)
         ),
         None,
     )
@@ -297,3 +297,11 @@ def run(ctx: Context) -> dict[str, Any]:
             and pause.get("max", float("inf")) <= 0.5,
         },
     }
+
+
+def _incarnation(put: _Put) -> int | None:
+    """The incarnation a ``procs/<slot>`` write registers (None: not a process record)."""
+    try:
+        return ProcRecord.from_json(put.key, put.value).incarnation
+    except ElasticAllreduceError:
+        return None

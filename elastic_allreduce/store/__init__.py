@@ -1,5 +1,6 @@
 """Membership store: the abstract interface (:mod:`.api`), etcd (:mod:`.etcd`), private etcd."""
 
+from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.store.api import (
     EventType,
     KeyValue,
@@ -9,7 +10,6 @@ from elastic_allreduce.store.api import (
     Watch,
     WatchEvent,
 )
-from elastic_allreduce.store.codec import JsonValue
 from elastic_allreduce.store.embedded import EmbeddedEtcd
 from elastic_allreduce.store.etcd import Endpoint, EtcdStore, parse_endpoints
 

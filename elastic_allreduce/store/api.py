@@ -51,23 +51,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
+from elastic_allreduce import codec
+from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ConfigError, MalformedValueError
-from elastic_allreduce.store import codec
-from elastic_allreduce.store.codec import JsonValue
+from elastic_allreduce.records.keys import validate_job_id
 
 DEFAULT_ROOT: Final = "/elastic-allreduce"
-_JOB_ID_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _KEY_RE: Final = re.compile(r"^[A-Za-z0-9_.:@=+-]+(/[A-Za-z0-9_.:@=+-]+)*/?$")
-
-
-def validate_job_id(job_id: str) -> str:
-    """Return ``job_id`` if it suits a key segment and a Kubernetes name, else raise ConfigError."""
-    if not _JOB_ID_RE.match(job_id):
-        raise ConfigError(
-            f"invalid job id {job_id!r}: use 1-40 lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit (for example 'mnist-1')"
-        )
-    return job_id
 
 
 def validate_key(key: str, *, allow_empty: bool = False) -> str:

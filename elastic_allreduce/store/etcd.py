@@ -25,6 +25,8 @@ from typing import Any, Final, TypeVar
 from etcd3gw import exceptions as etcd3gw_exceptions
 from etcd3gw.client import Etcd3Client
 
+from elastic_allreduce import codec
+from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import (
     ConfigError,
     LeaseLostError,
@@ -32,7 +34,6 @@ from elastic_allreduce.errors import (
     StoreUnavailableError,
     WatchClosedError,
 )
-from elastic_allreduce.store import codec
 from elastic_allreduce.store.api import (
     DEFAULT_ROOT,
     EventType,
@@ -43,7 +44,6 @@ from elastic_allreduce.store.api import (
     Watch,
     WatchEvent,
 )
-from elastic_allreduce.store.codec import JsonValue
 
 log = logging.getLogger(__name__)
 

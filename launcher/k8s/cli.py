@@ -5,30 +5,45 @@
 absent and otherwise left as they are; the job's own objects are created, or replaced when a
 deleted job left them behind; a job whose launcher Job exists is refused. ``status`` shows the
 launcher Job and the pods of a job; ``delete`` removes every object labelled with the job id.
+
+``render`` and ``submit`` take the job flags of ``elastic-run run`` (:mod:`launcher.job_options`)
+and the flags of where and how the job runs on the cluster. Errors print one line and exit with
+2 for bad input (flags, kubeconfig, a missing namespace, etcd or PriorityClass, an unknown job:
+``ConfigError``) and 3 for operational failures (the API unreachable, RBAC refusals, conflicts).
 """
 
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
-from launcher.k8s import render as r
-from launcher.k8s.client import (
-    KINDS,
-    Kind,
-    Kube,
-    KubeConflictError,
-    KubeForbiddenError,
-    KubeNotFoundError,
-    connect,
-    kind_of,
+from launcher import job_options
+from launcher.exit_codes import exit_code
+from launcher.k8s import manifests
+from launcher.k8s.client import KINDS, Kind, Kube, connect, kind_of
+from launcher.k8s.errors import (
+    KubernetesConfigError,
+    KubernetesConflictError,
+    KubernetesForbiddenError,
+    KubernetesNotFoundError,
+)
+from launcher.k8s.naming import (
+    DEFAULT_NAMESPACE,
+    ETCD_NAME,
+    PRIORITY_CLASS,
+    ROLE_LABEL,
+    ROLE_WORKER,
+    default_etcd_endpoints,
+    job_selector,
+    launcher_name,
 )
 
 Manifest = dict[str, Any]
+
+#: Exit codes, as for every elastic-run command: bad input, and an operational failure.
 
 _DESCRIPTION = """\
 Run elastic jobs on Kubernetes. `render` prints a job's manifests (ServiceAccount, Role and
@@ -94,9 +109,9 @@ def add_parser(
         parser.add_argument("--job-id", required=True, metavar="NAME", help="the job's id")
         parser.add_argument(
             "--namespace",
-            default=r.DEFAULT_NAMESPACE,
+            default=DEFAULT_NAMESPACE,
             metavar="NS",
-            help=f"the job's namespace (default {r.DEFAULT_NAMESPACE})",
+            help=f"the job's namespace (default {DEFAULT_NAMESPACE})",
         )
         _add_cluster_flags(parser)
 
@@ -109,25 +124,14 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of where and how the job runs on the cluster, then the job flags shared with
+    ``elastic-run run`` and the training command."""
     parser.add_argument("--image", required=True, metavar="IMG", help="the elastic-allreduce image")
     parser.add_argument(
         "--namespace",
-        default=r.DEFAULT_NAMESPACE,
+        default=DEFAULT_NAMESPACE,
         metavar="NS",
-        help=f"namespace of the job (default {r.DEFAULT_NAMESPACE}; it must exist)",
-    )
-    parser.add_argument("--job-id", metavar="NAME", help="the job's id (default: a new one)")
-    parser.add_argument("--workers", type=int, default=2, metavar="N", help="nodes (default 2)")
-    parser.add_argument("--min-workers", type=int, default=1, metavar="N", help="(default 1)")
-    parser.add_argument("--max-workers", type=int, metavar="N", help="(default --workers)")
-    parser.add_argument(
-        "--gpus-per-worker", type=int, default=0, metavar="G", help="GPUs per worker (default 0)"
-    )
-    parser.add_argument(
-        "--nproc-per-node",
-        type=int,
-        metavar="K",
-        help="training processes per worker (default: G, or 1 without GPUs)",
+        help=f"namespace of the job (default {DEFAULT_NAMESPACE}; it must exist)",
     )
     parser.add_argument("--cpu", default="1", help="CPU request per worker (default 1)")
     parser.add_argument("--memory", default="2Gi", help="memory per worker (default 2Gi)")
@@ -135,7 +139,7 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--etcd",
         metavar="HOST:PORT[,...]",
-        help=f"etcd endpoints (default: the namespace's {r.ETCD_NAME}:{r.ETCD_CLIENT_PORT})",
+        help=f"etcd endpoints (default: the namespace's {default_etcd_endpoints()})",
     )
     where.add_argument(
         "--with-etcd", action="store_true", help="also deploy the namespace's etcd StatefulSet"
@@ -146,9 +150,9 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     priority = parser.add_mutually_exclusive_group()
     priority.add_argument(
         "--priority-class",
-        default=r.PRIORITY_CLASS,
+        default=PRIORITY_CLASS,
         metavar="NAME",
-        help=f"workers' PriorityClass (default {r.PRIORITY_CLASS})",
+        help=f"workers' PriorityClass (default {PRIORITY_CLASS})",
     )
     priority.add_argument(
         "--no-priority-class", action="store_true", help="workers get no PriorityClass"
@@ -156,7 +160,7 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--with-priority-class",
         action="store_true",
-        help=f"also create the cluster-scoped PriorityClass {r.PRIORITY_CLASS}",
+        help=f"also create the cluster-scoped PriorityClass {PRIORITY_CLASS}",
     )
     parser.add_argument(
         "--no-network-policy",
@@ -177,30 +181,23 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         metavar="KEY[=VALUE][:EFFECT]",
         help="let workers run on nodes with this taint (repeatable)",
     )
-    parser.add_argument("command_args", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    job_options.add_job_flags(parser)
+    job_options.add_command(parser)
 
 
-def job_spec(args: argparse.Namespace) -> r.JobSpec:
+def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
     """The JobSpec the flags describe (validated; ConfigError names the bad flag)."""
-    command = list(args.command_args)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    job = job_options.from_args(args)
     selector: dict[str, str] = {}
     for item in args.node_selector:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"invalid --node-selector {item!r}: use KEY=VALUE")
         selector[key] = value
-    return r.JobSpec(
+    return manifests.JobSpec(
         image=args.image,
-        command=tuple(command),
+        job=job,
         namespace=args.namespace,
-        job_id=args.job_id or f"job-{secrets.token_hex(3)}",
-        workers=args.workers,
-        min_workers=args.min_workers,
-        max_workers=args.max_workers,
-        nproc_per_node=args.nproc_per_node,
-        gpus_per_worker=args.gpus_per_worker,
         cpu=args.cpu,
         memory=args.memory,
         etcd=args.etcd,
@@ -210,7 +207,7 @@ def job_spec(args: argparse.Namespace) -> r.JobSpec:
         with_priority_class=args.with_priority_class,
         network_policy=not args.no_network_policy,
         node_selector=selector,
-        tolerations=tuple(r.Toleration.parse(t) for t in args.toleration),
+        tolerations=tuple(manifests.Toleration.parse(t) for t in args.toleration),
     ).validate()
 
 
@@ -220,17 +217,17 @@ def _describe(manifest: Manifest) -> str:
 
 def _run_render(args: argparse.Namespace) -> int:
     spec = job_spec(args)
-    sys.stdout.write(r.to_yaml(r.render(spec)))
+    sys.stdout.write(manifests.to_yaml(manifests.render(spec)))
     if not args.job_id:
         print(f"# job id {spec.job_id} (pass --job-id to choose it)", file=sys.stderr)
     return 0
 
 
-def _check_prerequisites(kube: Kube, spec: r.JobSpec) -> None:
+def _check_prerequisites(kube: Kube, spec: manifests.JobSpec) -> None:
     """Refuse, before creating anything, a job that exists or would have no etcd or class."""
-    job = kube.get(KINDS["Job"], r.launcher_name(spec.job_id), spec.namespace)
+    job = kube.get(KINDS["Job"], launcher_name(spec.job_id), spec.namespace)
     if job is not None:
-        raise KubeConflictError(
+        raise KubernetesConflictError(
             f"job {spec.job_id!r} already exists in namespace {spec.namespace!r} "
             f"({_job_phase(job)}): delete it first with `elastic-run k8s delete --namespace "
             f"{spec.namespace} --job-id {spec.job_id}`, or choose another --job-id",
@@ -241,9 +238,9 @@ def _check_prerequisites(kube: Kube, spec: r.JobSpec) -> None:
         checks.append(
             (
                 KINDS["Service"],
-                r.ETCD_NAME,
+                ETCD_NAME,
                 spec.namespace,
-                f"namespace {spec.namespace!r} has no etcd (Service {r.ETCD_NAME} not found): "
+                f"namespace {spec.namespace!r} has no etcd (Service {ETCD_NAME} not found): "
                 "add --with-etcd to deploy one, `kubectl apply -k k8s/base` (or an overlay), or "
                 "pass --etcd HOST:PORT",
             )
@@ -262,33 +259,32 @@ def _check_prerequisites(kube: Kube, spec: r.JobSpec) -> None:
     for kind, name, namespace, missing in checks:
         try:
             found = kube.get(kind, name, namespace)
-        except KubeForbiddenError as exc:
+        except KubernetesForbiddenError as exc:
             print(f"elastic-run k8s submit: warning: not checked: {exc}", file=sys.stderr)
             continue
         if found is None:
-            raise ConfigError(missing)
+            raise KubernetesConfigError(missing)
 
 
 def _run_submit(args: argparse.Namespace) -> int:
     spec = job_spec(args)
-    manifests = r.render(spec)
-    with Kube(connect(args.kubeconfig, args.context)) as kube:
+    objects = manifests.render(spec)
+    with connect(args.kubeconfig, args.context) as kube:
         _check_prerequisites(kube, spec)
-        for manifest in manifests:
+        for manifest in objects:
             kind_of(manifest)  # refuse an unknown kind before sending anything
-        for manifest in manifests:
+        for manifest in objects:
             try:
                 kube.create(manifest)
                 outcome = "created"
-            except KubeNotFoundError as exc:
+            except KubernetesNotFoundError as exc:
                 if manifest["kind"] in ("Namespace", "PriorityClass"):
                     raise
-                raise KubeNotFoundError(
+                raise KubernetesConfigError(
                     f"namespace {spec.namespace!r} does not exist: create it (`kubectl create "
-                    f"namespace {spec.namespace}`) or pass --namespace ({exc})",
-                    404,
+                    f"namespace {spec.namespace}`) or pass --namespace ({exc})"
                 ) from exc
-            except KubeConflictError:
+            except KubernetesConflictError:
                 if manifest["kind"] in _SHARED_KINDS:
                     outcome = "exists, kept"
                 elif manifest["kind"] == "Job":
@@ -339,7 +335,7 @@ def _pod_line(pod: Manifest) -> str:
             detail = f"{ended.get('reason', 'exited')} (exit code {ended.get('exitCode')})"
     if status.get("reason"):  # Evicted, Preempting, ...
         detail = f"{status['reason']}: {status.get('message', '')}".rstrip(": ")
-    role = (metadata.get("labels") or {}).get(r.ROLE_LABEL, "?")
+    role = (metadata.get("labels") or {}).get(ROLE_LABEL, "?")
     node = spec.get("nodeName") or "-"
     ip = status.get("podIP") or "-"
     line = f"  {role:<8} {metadata['name']:<40} {phase:<11} node {node:<20} ip {ip}"
@@ -347,19 +343,18 @@ def _pod_line(pod: Manifest) -> str:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    with Kube(connect(args.kubeconfig, args.context)) as kube:
-        job = kube.get(KINDS["Job"], r.launcher_name(args.job_id), args.namespace)
-        pods = kube.list(KINDS["Pod"], args.namespace, r.job_selector(args.job_id))
+    with connect(args.kubeconfig, args.context) as kube:
+        job = kube.get(KINDS["Job"], launcher_name(args.job_id), args.namespace)
+        pods = kube.list(KINDS["Pod"], args.namespace, job_selector(args.job_id))
     if job is None and not pods:
-        raise KubeNotFoundError(
+        raise KubernetesConfigError(
             f"no job {args.job_id!r} in namespace {args.namespace!r}: no Job "
-            f"{r.launcher_name(args.job_id)} and no pods labelled {r.job_selector(args.job_id)} "
-            "(check --job-id and --namespace)",
-            404,
+            f"{launcher_name(args.job_id)} and no pods labelled {job_selector(args.job_id)} "
+            "(check --job-id and --namespace)"
         )
     phase = _job_phase(job) if job is not None else "launcher Job gone"
     print(f"job {args.job_id} in namespace {args.namespace}: {phase}")
-    launchers = [p for p in pods if p["metadata"].get("labels", {}).get(r.ROLE_LABEL) != "worker"]
+    launchers = [p for p in pods if p["metadata"].get("labels", {}).get(ROLE_LABEL) != ROLE_WORKER]
     workers = [p for p in pods if p not in launchers]
     for pod in sorted(launchers, key=lambda p: p["metadata"]["name"]):
         print(_pod_line(pod))
@@ -375,30 +370,30 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def _run_delete(args: argparse.Namespace) -> int:
-    selector = r.job_selector(args.job_id)
+    selector = job_selector(args.job_id)
     deleted = 0
-    with Kube(connect(args.kubeconfig, args.context)) as kube:
+    with connect(args.kubeconfig, args.context) as kube:
         for name in _JOB_KINDS:
             kind = KINDS[name]
             for obj in kube.list(kind, args.namespace, selector):
                 try:
                     kube.delete(kind, obj["metadata"]["name"], args.namespace)
-                except KubeNotFoundError:
+                except KubernetesNotFoundError:
                     continue  # gone meanwhile (a Job's pods go with it)
                 print(f"{name}/{obj['metadata']['name']}: deleted")
                 deleted += 1
     if not deleted:
-        raise KubeNotFoundError(
+        raise KubernetesConfigError(
             f"nothing to delete: no objects labelled {selector} in namespace {args.namespace!r} "
-            "(check --job-id and --namespace)",
-            404,
+            "(check --job-id and --namespace)"
         )
     print(f"job {args.job_id} deleted ({deleted} objects); the namespace's etcd stays")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the ``k8s`` sub-command in ``args``; 0 on success, 2 with one error line otherwise."""
+    """Run the ``k8s`` sub-command in ``args``: 0 on success; otherwise one error line that
+    names the command, and :func:`exit_code`."""
     handlers = {
         "render": _run_render,
         "submit": _run_submit,
@@ -409,4 +404,4 @@ def run(args: argparse.Namespace) -> int:
         return handlers[args.k8s_command](args)
     except ElasticAllreduceError as exc:
         print(f"elastic-run k8s {args.k8s_command}: error: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)

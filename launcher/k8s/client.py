@@ -1,31 +1,49 @@
-"""The few Kubernetes API calls ``elastic-run k8s`` makes, with errors that say what to do.
+"""The one Kubernetes API client of elastic-allreduce, and the one way to make it.
 
-:func:`connect` loads a kubeconfig (``--kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``)
-or, inside a pod without one, the in-cluster service account. :class:`Kube` sends plain REST
-calls through the official client's ``ApiClient`` for the kinds that ``render`` produces (no
-discovery round trips), and turns every failure into a :class:`KubeError`:
+:func:`connect` makes a :class:`Kube` from an explicit API URL (``--kube-api``: a ``kubectl
+proxy``, tests), else from a kubeconfig (``--kubeconfig``, ``$KUBECONFIG`` or
+``~/.kube/config``), else, inside a pod without one, from the pod's service account.
 
-- no usable configuration → :class:`KubeConfigError`;
-- connection refused, DNS, TLS or timeout → :class:`KubeUnavailableError`;
-- 401 / 403 → :class:`KubeForbiddenError` (names the verb, resource and namespace);
-- 404 → :class:`KubeNotFoundError`; 409 → :class:`KubeConflictError`; anything else
-  → :class:`KubeError` with the server's message.
+:class:`Kube` sends plain REST calls through the official client's ``ApiClient`` for the kinds
+in :data:`KINDS` (no discovery round trips, no model classes: objects are the manifests' own
+JSON dicts) and turns every failure into an error of :mod:`launcher.k8s.errors`:
+
+- no usable configuration -> :class:`KubernetesConfigError` (a ConfigError);
+- connection refused, DNS, TLS or timeout -> :class:`KubernetesUnavailableError` (an
+  UnavailableError);
+- 401 / 403 -> :class:`KubernetesForbiddenError`, naming the verb, resource and namespace and
+  who can grant it (``rbac_advice``: a person running ``elastic-run k8s``, or the launcher);
+- 404 -> :class:`KubernetesNotFoundError`; 409 -> :class:`KubernetesConflictError`; anything
+  else -> :class:`KubernetesApiError` with the server's message.
+
+Every request has a timeout; a watch's read timeout outlasts its server-side ``timeoutSeconds``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import kubernetes
 import urllib3
 
-from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from launcher.k8s.errors import (
+    KubernetesApiError,
+    KubernetesConfigError,
+    KubernetesConflictError,
+    KubernetesForbiddenError,
+    KubernetesNotFoundError,
+    KubernetesUnavailableError,
+)
 
 Manifest = dict[str, Any]
+#: A list of objects (spelled so inside Kube, whose ``list`` method hides the builtin).
+Manifests = list[Manifest]
 
 # The client library's functions are untyped: reach them through Any, not ignore comments.
 k8s_client: Any = kubernetes.client
@@ -33,34 +51,23 @@ k8s_config: Any = kubernetes.config
 
 #: Seconds one API request may take (connect + read).
 REQUEST_TIMEOUT: Final = 30.0
+#: Seconds to connect for a watch, and how much longer than its server-side timeout the client
+#: waits for the next bytes of a watch before it gives up on the connection.
+WATCH_CONNECT_TIMEOUT: Final = 10.0
+WATCH_READ_MARGIN: Final = 30.0
 
-
-class KubeError(ElasticAllreduceError):
-    """A Kubernetes API request failed; ``status`` is the HTTP status when there was one."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class KubeConfigError(KubeError, ConfigError):
-    """No cluster is configured, or the kubeconfig cannot be used."""
-
-
-class KubeUnavailableError(KubeError):
-    """The API server could not be reached (refused, DNS, TLS, timeout)."""
-
-
-class KubeForbiddenError(KubeError):
-    """The API server refused the request: not authenticated (401) or not allowed (403)."""
-
-
-class KubeNotFoundError(KubeError):
-    """The object (or its namespace) does not exist (404)."""
-
-
-class KubeConflictError(KubeError):
-    """The object already exists, or changed since it was read (409)."""
+#: What to do about a 403, for a person running ``elastic-run k8s`` (format fields: verb,
+#: resource, where).
+USER_RBAC_ADVICE: Final = (
+    "Ask a cluster admin for a Role or ClusterRole that allows {verb} on {resource}{where} "
+    "(docs/kubernetes.md lists what each elastic-run k8s command needs)"
+)
+#: What to do about a 403, for the launcher in its pod.
+LAUNCHER_RBAC_ADVICE: Final = (
+    "The launcher's Role allows {verb} on {resource}: apply k8s/ (kubectl apply -k k8s/base) or "
+    "`elastic-run k8s submit`, which create it, and run the launcher with that Role's service "
+    "account"
+)
 
 
 @dataclass(frozen=True)
@@ -73,10 +80,12 @@ class Kind:
     namespaced: bool = True
 
     def path(self, namespace: str | None, name: str | None = None) -> str:
+        """The REST path of the collection, or of the object ``name`` (``name/status`` for
+        its status subresource)."""
         root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
         if self.namespaced:
             if not namespace:
-                raise ConfigError(f"{self.kind} is namespaced: a namespace is needed")
+                raise KubernetesConfigError(f"{self.kind} is namespaced: a namespace is needed")
             root += f"/namespaces/{namespace}"
         root += f"/{self.plural}"
         return root if name is None else f"{root}/{name}"
@@ -90,6 +99,7 @@ KINDS: Final = {
         Kind("v1", "ConfigMap", "configmaps"),
         Kind("v1", "Service", "services"),
         Kind("v1", "Pod", "pods"),
+        Kind("v1", "Event", "events"),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("batch/v1", "Job", "jobs"),
@@ -101,10 +111,10 @@ KINDS: Final = {
 
 
 def kind_of(manifest: Manifest) -> Kind:
-    """The :class:`Kind` of a manifest; ConfigError for a kind this module does not handle."""
+    """The :class:`Kind` of a manifest; KubernetesConfigError for a kind not in KINDS."""
     kind = KINDS.get(str(manifest.get("kind")))
     if kind is None or kind.api_version != manifest.get("apiVersion"):
-        raise ConfigError(
+        raise KubernetesConfigError(
             f"cannot apply {manifest.get('apiVersion')}/{manifest.get('kind')}: elastic-run k8s "
             f"handles {', '.join(sorted(KINDS))}"
         )
@@ -112,9 +122,23 @@ def kind_of(manifest: Manifest) -> Kind:
 
 
 def connect(
-    kubeconfig: str | None = None, context: str | None = None
-) -> kubernetes.client.ApiClient:
-    """An API client from a kubeconfig, or the in-cluster service account inside a pod."""
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    url: str | None = None,
+    *,
+    rbac_advice: str = USER_RBAC_ADVICE,
+) -> Kube:
+    """The API client: for ``url`` when given (no credentials), else from a kubeconfig, else
+    (inside a pod, without a kubeconfig) from the pod's service account."""
+    if url:
+        if not url.startswith(("http://", "https://")):
+            raise KubernetesConfigError(
+                f"invalid Kubernetes API URL {url!r}: give http://HOST:PORT or https://HOST:PORT "
+                "(for example http://127.0.0.1:8001 for `kubectl proxy`)"
+            )
+        configuration = k8s_client.Configuration()
+        configuration.host = url.rstrip("/")
+        return Kube(k8s_client.ApiClient(configuration), rbac_advice=rbac_advice)
     default = Path(os.path.expanduser(k8s_config.KUBE_CONFIG_DEFAULT_LOCATION))
     in_pod = "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ
     if kubeconfig is None and context is None and in_pod and not default.exists():
@@ -122,25 +146,24 @@ def connect(
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)
         except k8s_config.ConfigException as exc:
-            raise KubeConfigError(
+            raise KubernetesConfigError(
                 f"inside a pod, but its service account cannot be used: {exc}; mount a "
                 "service account token or pass --kubeconfig"
             ) from exc
-        in_cluster: kubernetes.client.ApiClient = k8s_client.ApiClient(configuration)
-        return in_cluster
+        return Kube(k8s_client.ApiClient(configuration), rbac_advice=rbac_advice)
     source = kubeconfig or os.environ.get("KUBECONFIG") or str(default)
     try:
-        client: kubernetes.client.ApiClient = k8s_config.new_client_from_config(
+        api = k8s_config.new_client_from_config(
             config_file=kubeconfig, context=context, persist_config=False
         )
     except (k8s_config.ConfigException, OSError, ValueError, TypeError) as exc:
-        raise KubeConfigError(
+        raise KubernetesConfigError(
             f"no usable Kubernetes cluster configuration in {source}"
             + (f" (context {context!r})" if context else "")
             + f": {str(exc).rstrip('.')}. Point --kubeconfig or KUBECONFIG at a kubeconfig "
             "file (`kubectl config view` shows yours), or run inside a pod with a service account"
         ) from exc
-    return client
+    return Kube(api, rbac_advice=rbac_advice)
 
 
 def _server_message(body: bytes | str | None) -> str:
@@ -158,14 +181,89 @@ def _server_message(body: bytes | str | None) -> str:
 
 
 _VERBS: Final = {"POST": "create", "PUT": "update", "DELETE": "delete", "PATCH": "patch"}
+_JSON: Final = "application/json"
+_MERGE_PATCH: Final = "application/merge-patch+json"
+
+
+class _Response(Protocol):
+    """The official client's (untyped) RESTResponse: the status, the body, and the urllib3
+    response beneath, which a watch reads as a stream."""
+
+    status: int
+    response: urllib3.BaseHTTPResponse
+
+    def read(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One request, described for error messages."""
+
+    verb: str
+    kind: Kind
+    namespace: str | None
+    what: str
+
+
+class Watch:
+    """The events of one watch request, as dicts (``type``, ``object``), until the server ends
+    it. :meth:`close` ends it at once from any thread; ``with`` releases the connection."""
+
+    def __init__(self, response: urllib3.BaseHTTPResponse, call: _Call, host: str) -> None:
+        self._response = response
+        self._call = call
+        self._host = host
+
+    def __iter__(self) -> Iterator[Manifest]:
+        pending = b""
+        try:
+            for chunk in self._response.stream(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield self._decode(line)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubernetesUnavailableError(
+                f"lost the connection to the Kubernetes API at {self._host} while watching "
+                f"{self._call.what}: {exc}"
+            ) from exc
+
+    def _decode(self, line: bytes) -> Manifest:
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise KubernetesApiError(
+                f"malformed event in the watch of {self._call.what}: {line[:200]!r}"
+            ) from exc
+        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+            raise KubernetesApiError(
+                f"malformed event in the watch of {self._call.what}: {event!r:.200}"
+            )
+        return event
+
+    def close(self) -> None:
+        """End the watch now (the iterating thread sees the stream end or fail)."""
+        with contextlib.suppress(Exception):
+            self._response.shutdown()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(Exception):
+            self._response.release_conn()
 
 
 class Kube:
-    """Create, read, replace, list and delete objects of the kinds in :data:`KINDS`."""
+    """Create, read, replace, patch, list, watch and delete objects of the kinds in KINDS."""
 
-    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+    def __init__(
+        self, api: kubernetes.client.ApiClient, *, rbac_advice: str = USER_RBAC_ADVICE
+    ) -> None:
         # Typed Any: the client's methods are untyped.
         self.api: Any = api
+        self.rbac_advice = rbac_advice
 
     @property
     def host(self) -> str:
@@ -180,6 +278,98 @@ class Kube:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # -- requests ----------------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        kind: Kind,
+        namespace: str | None,
+        name: str | None,
+        *,
+        body: object = None,
+        query: dict[str, str] | None = None,
+        content_type: str = _JSON,
+        timeout: float | tuple[float, float] = REQUEST_TIMEOUT,
+        verb: str | None = None,
+    ) -> tuple[_Response, _Call]:
+        """Send one request; the raw response (not yet read) or KubernetesUnavailableError."""
+        path = kind.path(namespace, name)
+        verb = verb or _VERBS.get(method, "list" if name is None else "get")
+        where = f" in namespace {namespace!r}" if kind.namespaced else " (cluster-scoped)"
+        what = f"{verb} {kind.plural}" + (f" {name!r}" if name else "") + where
+        call = _Call(verb, kind, namespace, what)
+        try:
+            serialized = self.api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list((query or {}).items()),
+                header_params={"Accept": _JSON, "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            method_, url, headers, data, post = serialized
+            response: _Response = self.api.call_api(
+                method_,
+                url,
+                header_params=headers,
+                body=data,
+                post_params=post,
+                _request_timeout=timeout,
+            )
+        except k8s_client.ApiException as exc:  # TLS problems arrive as status 0
+            raise KubernetesUnavailableError(
+                f"cannot reach the Kubernetes API at {self.host} to {call.what}: {exc.reason}; "
+                "check the cluster's address and certificates in your kubeconfig"
+            ) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubernetesUnavailableError(
+                f"cannot reach the Kubernetes API at {self.host} to {call.what}: {exc}. Is the "
+                "cluster running, and is this the right kubeconfig/context or --kube-api "
+                "(`kubectl cluster-info`)?"
+            ) from exc
+        return response, call
+
+    def _read(self, response: _Response, call: _Call) -> bytes:
+        try:
+            return bytes(response.read())
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubernetesUnavailableError(
+                f"lost the connection to the Kubernetes API at {self.host} to {call.what}: {exc}"
+            ) from exc
+
+    def _refusal(self, status: int, raw: bytes, call: _Call) -> KubernetesApiError:
+        """The error for an answer that is not 2xx."""
+        message = _server_message(raw)
+        if status == 401:
+            return KubernetesForbiddenError(
+                f"unauthorized: the Kubernetes API at {self.host} did not accept our credentials "
+                f"to {call.what} ({message}); refresh them (log in again), or check the "
+                "kubeconfig or the pod's service account token",
+                status,
+            )
+        if status == 403:
+            advice = self.rbac_advice.format(
+                verb=call.verb,
+                resource=call.kind.plural,
+                where=f" in namespace {call.namespace!r}" if call.kind.namespaced else "",
+            )
+            return KubernetesForbiddenError(
+                f"forbidden: the Kubernetes API refused to {call.what}: {message}. {advice}",
+                status,
+            )
+        if status == 404:
+            return KubernetesNotFoundError(
+                f"not found: cannot {call.what}: {message} (HTTP 404)", status
+            )
+        if status == 409:
+            return KubernetesConflictError(
+                f"conflict: cannot {call.what}: {message} (HTTP 409)", status
+            )
+        return KubernetesApiError(
+            f"the Kubernetes API failed to {call.what} (HTTP {status}): {message}", status
+        )
+
     def request(
         self,
         method: str,
@@ -187,81 +377,48 @@ class Kube:
         namespace: str | None,
         name: str | None = None,
         *,
-        body: Manifest | None = None,
+        body: object = None,
         query: dict[str, str] | None = None,
+        content_type: str = _JSON,
     ) -> Manifest:
-        """One REST call; the decoded JSON answer, or a KubeError saying what went wrong."""
-        path = kind.path(namespace, name)
-        verb = _VERBS.get(method, "list" if name is None else "get")
-        where = f" in namespace {namespace!r}" if kind.namespaced else " (cluster-scoped)"
-        what = f"{verb} {kind.plural}" + (f" {name!r}" if name else "") + where
-        try:
-            serialized = self.api.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=list((query or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            method_, url, headers, data, post = serialized
-            response = self.api.call_api(
-                method_,
-                url,
-                header_params=headers,
-                body=data,
-                post_params=post,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-            raw = response.read()
-        except k8s_client.ApiException as exc:  # TLS problems arrive as status 0
-            raise KubeUnavailableError(
-                f"cannot reach the Kubernetes API at {self.host} to {what}: {exc.reason}; check "
-                "the cluster's address and certificates in your kubeconfig"
-            ) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise KubeUnavailableError(
-                f"cannot reach the Kubernetes API at {self.host} to {what}: {exc}. Is the cluster "
-                "running, and is this the right kubeconfig/context (`kubectl cluster-info`)?"
-            ) from exc
+        """One REST call; the decoded JSON answer, or a KubernetesApiError saying what failed."""
+        response, call = self._send(
+            method, kind, namespace, name, body=body, query=query, content_type=content_type
+        )
+        raw = self._read(response, call)
         status = int(response.status)
-        if 200 <= status < 300:
+        if not 200 <= status < 300:
+            raise self._refusal(status, raw, call)
+        try:
             decoded = json.loads(raw) if raw else {}
-            return decoded if isinstance(decoded, dict) else {"value": decoded}
-        message = _server_message(raw)
-        if status == 401:
-            raise KubeForbiddenError(
-                f"unauthorized: the Kubernetes API at {self.host} did not accept our credentials "
-                f"to {what} ({message}); refresh them (log in again) or check --kubeconfig",
-                status,
-            )
-        if status == 403:
-            raise KubeForbiddenError(
-                f"forbidden: the Kubernetes API refused to {what}: {message}. Ask a cluster "
-                f"admin for a Role or ClusterRole that allows {verb} on {kind.plural}"
-                + (f" in namespace {namespace!r}" if kind.namespaced else "")
-                + " (docs/kubernetes.md lists what each elastic-run k8s command needs)",
-                status,
-            )
-        if status == 404:
-            raise KubeNotFoundError(f"not found: cannot {what}: {message}", status)
-        if status == 409:
-            raise KubeConflictError(f"conflict: cannot {what}: {message}", status)
-        raise KubeError(f"the Kubernetes API failed to {what} (HTTP {status}): {message}", status)
+        except ValueError as exc:
+            raise KubernetesApiError(
+                f"the Kubernetes API's answer to {call.what} is not JSON: {raw[:200]!r}"
+            ) from exc
+        return decoded if isinstance(decoded, dict) else {"value": decoded}
 
     def get(self, kind: Kind, name: str, namespace: str | None) -> Manifest | None:
         """The object, or None if it does not exist."""
         try:
             return self.request("GET", kind, namespace, name)
-        except KubeNotFoundError:
+        except KubernetesNotFoundError:
             return None
 
-    def list(self, kind: Kind, namespace: str | None, selector: str) -> list[Manifest]:
+    def list(self, kind: Kind, namespace: str | None, selector: str) -> Manifests:
+        """The objects with labels matching ``selector`` ("" for all)."""
+        return self.list_with_version(kind, namespace, selector)[0]
+
+    def list_with_version(
+        self, kind: Kind, namespace: str | None, selector: str
+    ) -> tuple[Manifests, str]:
+        """The matching objects and the list's resourceVersion (where a watch resumes)."""
         answer = self.request("GET", kind, namespace, query={"labelSelector": selector})
         items = answer.get("items") or []
-        return [item for item in items if isinstance(item, dict)]
+        version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+        return [item for item in items if isinstance(item, dict)], version
 
     def create(self, manifest: Manifest) -> Manifest:
+        """Create the object (its namespace from ``metadata.namespace``); the stored object."""
         kind = kind_of(manifest)
         return self.request("POST", kind, manifest["metadata"].get("namespace"), body=manifest)
 
@@ -279,6 +436,10 @@ class Kube:
         }
         return self.request("PUT", kind, namespace, name, body=body)
 
+    def patch(self, kind: Kind, name: str, namespace: str | None, patch: Manifest) -> Manifest:
+        """Apply a JSON merge patch (RFC 7386) to the object."""
+        return self.request("PATCH", kind, namespace, name, body=patch, content_type=_MERGE_PATCH)
+
     def delete(self, kind: Kind, name: str, namespace: str | None) -> None:
         """Delete the object and (in the background) what it owns, such as a Job's pods."""
         self.request(
@@ -288,3 +449,34 @@ class Kube:
             name,
             body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
         )
+
+    def watch(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> Watch:
+        """Watch matching objects from ``resource_version`` for up to ``timeout_seconds``
+        (the server then ends the stream), with bookmarks."""
+        query = {
+            "labelSelector": selector,
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        response, call = self._send(
+            "GET",
+            kind,
+            namespace,
+            None,
+            query=query,
+            timeout=(WATCH_CONNECT_TIMEOUT, timeout_seconds + WATCH_READ_MARGIN),
+            verb="watch",
+        )
+        status = int(response.status)
+        if status != 200:
+            raise self._refusal(status, self._read(response, call), call)
+        return Watch(response.response, call, self.host)

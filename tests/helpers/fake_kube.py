@@ -56,6 +56,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 
 from elastic_allreduce._process import die_with_parent
+from launcher.k8s.client import LAUNCHER_RBAC_ADVICE, Kube, connect
 
 Obj = dict[str, Any]
 #: (API prefix such as "api/v1" or "apis/batch/v1", namespace or None, plural)
@@ -364,6 +365,10 @@ class FakeKube:
     def api_client(self) -> kubernetes.client.ApiClient:
         """A client of the official library pointed at this fake (no credentials)."""
         return kubernetes.client.ApiClient(self.configuration())
+
+    def kube(self, rbac_advice: str = LAUNCHER_RBAC_ADVICE) -> Kube:
+        """elastic-allreduce's own client pointed at this fake, as the launcher makes it."""
+        return connect(url=self.url, rbac_advice=rbac_advice)
 
     # -- test knobs --------------------------------------------------------------------------
 

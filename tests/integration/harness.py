@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_allreduce import logprefix
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.values import MemberRecord, ProcRecord
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from tests.conftest import ROOT, fresh_job_id
 
@@ -27,9 +29,6 @@ KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
 DATA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_data.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
-_LINE = re.compile(
-    r"^\[(?P<job>\S+) e(?P<epoch>[-\d]+) r(?P<rank>[-\d]+) (?P<slot>\S+)\] (?P<text>.*)$"
-)
 
 
 @dataclass
@@ -58,16 +57,15 @@ class Job:
         for raw in self.proc.stdout:
             line = raw.rstrip("\n")
             self.lines.append(line)
-            match = _LINE.match(line)
-            if match and match.group("text").startswith("{"):
+            parsed = logprefix.parse_line(line)
+            if parsed is not None and parsed.text.startswith("{"):
                 try:
-                    data = json.loads(match.group("text"))
+                    data = json.loads(parsed.text)
                 except json.JSONDecodeError:
                     data = None
                 if isinstance(data, dict):
-                    self.events.append(
-                        Event(match.group("slot"), match.group("epoch"), data, time.monotonic())
-                    )
+                    epoch = "-" if parsed.epoch is None else str(parsed.epoch)
+                    self.events.append(Event(parsed.slot, epoch, data, time.monotonic()))
             self._new.put(line)
         self._new.put("")
 
@@ -94,11 +92,14 @@ class Job:
         return [e for e in self.events if e.data.get("event") == "done"]
 
     def pid(self, key: str) -> int:
+        """The pid of a ``procs/<slot>`` or ``members/<node>`` record."""
         kv = self.store.get(key)
         assert kv is not None, f"{key} is not in the store"
-        value = kv.value
-        assert isinstance(value, dict)
-        return int(value["pid"])  # type: ignore[arg-type]
+        if keys.parse(key).kind is keys.KeyKind.PROC:
+            return ProcRecord.from_json(key, kv.value).pid
+        pid = MemberRecord.from_json(key, kv.value).pid
+        assert pid is not None, f"{key} has no pid"
+        return pid
 
     def finish(self, timeout: float = 120) -> int:
         try:

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import read_job
+from elastic_allreduce.records.values import JobConfig, JobPhase, JobSettings, JobStatus
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from tests.conftest import fresh_job_id
 from tests.integration.harness import (
@@ -67,7 +70,7 @@ def test_sigkill_of_one_of_three_workers_continues_at_size_two(
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
     victim = slot_of_rank(job, 1, 3)
-    os.kill(job.pid(f"procs/{victim}"), signal.SIGKILL)
+    os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
     assert job.finish() == 0, job.tail()
     before = [e.data["step"] for e in job.commits(3) if e.slot != victim]
     after = job.commits(2)
@@ -123,7 +126,7 @@ def test_sigterm_to_a_worker_node_is_a_graceful_leave_without_rollback(
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
     leaver = slot_of_rank(job, 2, 3)
     node = leaver.split(".")[0]
-    os.kill(job.pid(f"members/{node}"), signal.SIGTERM)
+    os.kill(job.pid(keys.member(node)), signal.SIGTERM)
     assert job.finish() == 0, job.tail()
     assert job.commits(2), job.tail()
     for event in job.done():
@@ -140,7 +143,7 @@ def test_a_hung_worker_is_evicted_through_its_lease(
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
     victim = slot_of_rank(job, 1, 3)
-    pid = job.pid(f"procs/{victim}")
+    pid = job.pid(keys.proc(victim))
     os.kill(pid, signal.SIGSTOP)
     try:
         assert job.finish() == 0, job.tail()
@@ -158,7 +161,7 @@ def test_a_death_while_the_ring_re_forms_does_not_hang_the_job(
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(4)) >= 8, 120, "commits at size 4")
     first, second = slot_of_rank(job, 1, 4), slot_of_rank(job, 2, 4)
-    pids = job.pid(f"procs/{first}"), job.pid(f"procs/{second}")
+    pids = job.pid(keys.proc(first)), job.pid(keys.proc(second))
     os.kill(pids[0], signal.SIGKILL)
     # The second death lands while the survivors are forming the next ring.
     job.wait_for(
@@ -181,7 +184,7 @@ def test_fewer_than_min_workers_waits_then_fails_clearly(
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
-    os.kill(job.pid(f"procs/{slot_of_rank(job, 1, 2)}"), signal.SIGKILL)
+    os.kill(job.pid(keys.proc(slot_of_rank(job, 1, 2))), signal.SIGKILL)
     assert job.finish() == 1, job.tail()
     final = job.lines[-1]
     assert "failed: only 1 of at least 2 workers were ready for 3 s (--min-workers)" in final, final
@@ -231,7 +234,8 @@ def test_a_script_that_always_crashes_fails_after_max_restarts(
 )
 def test_bad_run_input_gives_one_clear_error(args: tuple[str, ...], message: str) -> None:
     result = run_cli(*args)
-    assert result.returncode == 2, result
+    # An unreachable etcd is an operational error (3), not bad input (2).
+    assert result.returncode == (3 if "is unreachable" in message else 2), result
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
@@ -259,7 +263,7 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
     slots = sorted({e.slot for e in job.commits(2)})
-    pids = [job.pid(f"procs/{slot}") for slot in slots]
+    pids = [job.pid(keys.proc(slot)) for slot in slots]
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     killed_at = max(e.data["step"] for e in job.commits(2))
@@ -304,10 +308,10 @@ def test_a_second_launcher_is_refused_and_sigterm_stops_the_whole_job(
     )
     assert second.returncode == 2
     assert f"job '{job.job_id}' already has a live launcher" in second.stderr
+    snapshot = read_job(job.store)
     pids = [
-        job.pid(key)
-        for key in job.store.get_prefix().as_dict()
-        if key.startswith(("procs/", "members/"))
+        *(stored.record.pid for stored in snapshot.procs.values()),
+        *(stored.record.pid for stored in snapshot.members.values()),
     ]
     assert len(pids) == 4
     job.proc.send_signal(signal.SIGTERM)
@@ -333,7 +337,7 @@ def test_keras_fit_with_the_callbacks_survives_a_sigkill(
 
     job.wait_for(lambda: len(epochs(3)) >= 9, 90, "three epochs at size 3")
     victim = next(e.slot for e in reversed(epochs(3)) if e.data["rank"] == 2)
-    os.kill(job.pid(f"procs/{victim}"), signal.SIGKILL)
+    os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
     assert job.finish() == 0, job.tail()
     assert epochs(2), job.tail()
     assert max(e.data["epoch"] for e in epochs(2)) == 24
@@ -375,7 +379,7 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 9, 90, "commits at size 3")
-    os.kill(job.pid(f"procs/{slot_of_rank(job, 1, 3)}"), signal.SIGKILL)
+    os.kill(job.pid(keys.proc(slot_of_rank(job, 1, 3))), signal.SIGKILL)
     job.wait_for(
         lambda: any("joined" in line for line in job.lines[-50:]), 60, "the restart to join"
     )
@@ -412,7 +416,7 @@ def test_a_fixed_global_batch_matches_the_single_process_loss_at_any_size(
             job.wait_for(
                 lambda: len(job.commits(3)) >= 3 * kill_at, 90, f"step {kill_at} at size 3"
             )
-            os.kill(job.pid(f"procs/{slot_of_rank(job, 1, 3)}"), signal.SIGKILL)
+            os.kill(job.pid(keys.proc(slot_of_rank(job, 1, 3))), signal.SIGKILL)
         assert job.finish() == 0, job.tail()
         if kill_at is not None:
             assert job.commits(2), "the job did not continue at size 2"
@@ -434,8 +438,9 @@ def test_a_fixed_global_batch_matches_the_single_process_loss_at_any_size(
 def test_a_job_left_by_a_dead_launcher_is_not_silently_restarted(etcd_server: EmbeddedEtcd) -> None:
     job_id = fresh_job_id("orphan")
     with EtcdStore(etcd_server.endpoints_text, job_id) as store:
-        store.put("config/job", {"min_workers": 1})
-        store.put("status/job", {"phase": "running"})
+        config = JobConfig(JobSettings(1, 1, 1, 0), ("python", HVD_SCRIPT))
+        store.put(keys.JOB_CONFIG, config.to_json())
+        store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
     result = run_cli(
         *("--etcd", etcd_server.endpoints_text, "--job-id", job_id, "--", "python", HVD_SCRIPT)
     )

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import read_job
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (
     DATA_SCRIPT,
@@ -109,19 +111,19 @@ class Runner:
     def victim(self, min_size: int, *, old_member: bool = False) -> str:
         """The slot with the highest rank of the current ring (with ``old_member``: of the
         nodes the launcher started, not of a joiner that may still be entering the ring)."""
-        ring = self.job.store.get("ring")
-        assert ring is not None and isinstance(ring.value, dict), ring
-        slots = ring.value["slots"]
-        assert isinstance(slots, list) and len(slots) >= min_size, ring.value
-        return [str(s) for s in slots if not (old_member and str(s).startswith("j"))][-1]
+        ring = read_job(self.job.store).ring
+        assert ring is not None, "the job has no ring"
+        slots = ring.record.slots
+        assert len(slots) >= min_size, ring.record
+        return [s for s in slots if not (old_member and s.startswith("j"))][-1]
 
     def kill(self, min_size: int, *, old_member: bool = False) -> None:
         slot = self.victim(min_size, old_member=old_member)
-        os.kill(self.job.pid(f"procs/{slot}"), signal.SIGKILL)
+        os.kill(self.job.pid(keys.proc(slot)), signal.SIGKILL)
 
     def leave(self, min_size: int) -> None:
         node = self.victim(min_size).split(".")[0]
-        os.kill(self.job.pid(f"members/{node}"), signal.SIGTERM)
+        os.kill(self.job.pid(keys.member(node)), signal.SIGTERM)
 
     def join(self, min_size: int = 1) -> None:
         env = {"ELASTIC_ALLREDUCE_SAMPLE_LOG": str(self.audit)}

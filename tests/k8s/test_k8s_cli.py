@@ -1,5 +1,8 @@
 """`elastic-run k8s render|submit|status|delete`: flags, errors, and the calls against the fake
-Kubernetes API (tests/helpers/fake_kube.py), through a kubeconfig as a user would."""
+Kubernetes API (tests/helpers/fake_kube.py), through a kubeconfig as a user would.
+
+Exit codes: 2 for bad input (flags, kubeconfig, a missing namespace, etcd or PriorityClass, an
+unknown job), 3 for operational failures (the API unreachable, RBAC refusals, conflicts)."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from launcher.cli import main
-from launcher.k8s import render as r
+from launcher.cli import _build_parser, main
+from launcher.job_options import GROUP_TITLE, job_options
+from launcher.job_options import from_args as job_options_from_args
+from launcher.k8s import manifests, naming
 from launcher.k8s.client import KINDS, Kube, connect
 from tests.helpers.fake_kube import FakeKube
 
@@ -51,7 +56,7 @@ def kubeconfig(fake: FakeKube, tmp_path: Path) -> str:
 
 @pytest.fixture
 def kube(kubeconfig: str) -> Iterator[Kube]:
-    with Kube(connect(kubeconfig)) as client:
+    with connect(kubeconfig) as client:
         yield client
 
 
@@ -119,7 +124,7 @@ def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) 
         IMAGE,
         "--job-id",
         "gpu",
-        "--gpus-per-worker",
+        "--gpus-per-node",
         "2",
         "--min-workers",
         "2",
@@ -141,10 +146,10 @@ def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) 
     assert kinds[0] == "PriorityClass"
     assert kinds.count("StatefulSet") == 1
     template = yaml.safe_load(
-        next(o for o in objects if o["kind"] == "ConfigMap")["data"][r.TEMPLATE_KEY]
+        next(o for o in objects if o["kind"] == "ConfigMap")["data"][naming.TEMPLATE_KEY]
     )
     spec = template["spec"]
-    assert spec["containers"][0]["resources"]["limits"][r.GPU_RESOURCE] == 2
+    assert spec["containers"][0]["resources"]["limits"][naming.GPU_RESOURCE] == 2
     assert spec["nodeSelector"] == {"pool": "a100"}
     assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"} in spec[
         "tolerations"
@@ -153,12 +158,100 @@ def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) 
     assert args[args.index("--nproc-per-node") + 1] == "2"  # one process per GPU by default
 
 
+def launcher_args(out: str) -> list[str]:
+    """The launcher Job's `elastic-run` arguments in rendered YAML."""
+    job = [doc for doc in yaml.safe_load_all(out) if doc and doc["kind"] == "Job"][-1]
+    return list(job["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_render_passes_every_job_option_to_the_launcher(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(
+        capsys,
+        "k8s",
+        "render",
+        *("--image", IMAGE, "--job-id", "opts", "--workers", "3", "--max-workers", "6"),
+        *("--gpus-per-node", "2", "--nproc-per-node", "1"),
+        *("--max-restarts", "5", "--checkpoint-dir", "/ckpt", "--wait-timeout", "90"),
+        *COMMAND,
+    )
+    assert (code, err) == (0, "")
+    args = launcher_args(out)
+    own = args[: args.index("--")]
+    assert own[:2] == ["run", "--kubernetes"]
+    for flag, value in [
+        ("--max-restarts", "5"),
+        ("--checkpoint-dir", "/ckpt"),
+        ("--wait-timeout", "90"),
+        ("--workers", "3"),
+        ("--min-workers", "1"),
+        ("--max-workers", "6"),
+        ("--gpus-per-node", "2"),
+        ("--nproc-per-node", "1"),
+        ("--job-id", "opts"),
+    ]:
+        assert own[own.index(flag) + 1] == value, flag
+    # The launcher's command line is `elastic-run run`'s: it parses back to the same job.
+    parsed = _build_parser().parse_args(args)
+    assert parsed.command == "run" and parsed.kubernetes
+    assert job_options_from_args(parsed) == job_options(
+        COMMAND[1:],
+        job_id="opts",
+        workers=3,
+        max_workers=6,
+        gpus_per_node=2,
+        nproc_per_node=1,
+        max_restarts=5,
+        checkpoint_dir="/ckpt",
+        wait_timeout=90,
+    )
+
+
+def job_flags_help(capsys: pytest.CaptureFixture[str], *command: str) -> str:
+    """The "job options" section of a command's --help."""
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index(f"{GROUP_TITLE}:")
+    section = []
+    for line in lines[start + 1 :]:
+        if line and not line.startswith(" "):
+            break
+        section.append(line)
+    return "\n".join(section).strip()
+
+
+@pytest.mark.parametrize("action", ["render", "submit"])
+def test_run_and_k8s_list_the_same_job_flags_from_one_definition(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    run_help = job_flags_help(capsys, "run")
+    k8s_help = job_flags_help(capsys, "k8s", action)
+    assert run_help == k8s_help
+    for flag in (
+        "--job-id",
+        "--workers",
+        "--min-workers",
+        "--max-workers",
+        "--nproc-per-node",
+        "--gpus-per-node",
+        "--max-restarts",
+        "--wait-timeout",
+        "--checkpoint-dir",
+    ):
+        assert f"{flag} " in run_help, flag
+    assert "--gpus-per-worker" not in k8s_help  # one name per thing
+
+
 def test_render_without_a_job_id_makes_one_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "k8s", "render", "--image", IMAGE, *COMMAND)
     assert code == 0
     job_id = err.split("job id ")[1].split()[0]
     objects = [doc for doc in yaml.safe_load_all(out) if doc]
-    assert {o["metadata"]["labels"][r.JOB_LABEL] for o in objects} == {job_id}
+    assert {o["metadata"]["labels"][naming.JOB_LABEL] for o in objects} == {job_id}
 
 
 @pytest.mark.parametrize(
@@ -167,8 +260,11 @@ def test_render_without_a_job_id_makes_one_and_says_so(capsys: pytest.CaptureFix
         (["--workers", "0"], "--workers (0) and --min-workers (1) must be at least 1"),
         (["--min-workers", "3"], "need --min-workers <= --workers <= --max-workers"),
         (["--workers", "5", "--max-workers", "4"], "got 1 <= 5 <= 4"),
-        (["--gpus-per-worker", "1", "--nproc-per-node", "2"], "--nproc-per-node 2 needs"),
-        (["--gpus-per-worker", "-1"], "--gpus-per-worker must be 0 or more"),
+        (["--gpus-per-node", "1", "--nproc-per-node", "2"], "--nproc-per-node 2 needs"),
+        (["--gpus-per-node", "-1"], "--gpus-per-node must be 0 or more"),
+        (["--max-restarts", "-1"], "--max-restarts must be 0 or more, got -1"),
+        (["--wait-timeout", "0"], "--wait-timeout must be a positive number of seconds"),
+        (["--checkpoint-dir", "ckpt"], "invalid --checkpoint-dir 'ckpt': on Kubernetes"),
         (["--cpu", "lots"], "invalid --cpu 'lots'"),
         (["--memory", "2GB"], "invalid --memory '2GB'"),
         (["--job-id", "Bad_Name"], "invalid job id 'Bad_Name'"),
@@ -222,15 +318,14 @@ def test_submit_creates_every_object_render_prints(
 ) -> None:
     code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
     assert (code, err) == (0, ""), err
-    spec = r.JobSpec(
+    spec = manifests.JobSpec(
         image=IMAGE,
-        command=tuple(COMMAND[1:]),
+        job=job_options(COMMAND[1:], job_id="demo"),
         namespace=NS,
-        job_id="demo",
         with_etcd=True,
         with_priority_class=True,
     )
-    for manifest in r.render(spec):
+    for manifest in manifests.render(spec):
         kind = KINDS[manifest["kind"]]
         namespace = manifest["metadata"].get("namespace")
         stored = kube.get(kind, manifest["metadata"]["name"], namespace)
@@ -248,7 +343,7 @@ def test_a_second_submit_of_the_same_job_is_refused_before_anything_changes(
     assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
     writes_before = [req for req in fake.requests if req[0] != "GET"]
     code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
-    assert (code, out) == (2, "")
+    assert (code, out) == (3, "")  # a conflict with the cluster's state: operational
     assert "job 'demo' already exists in namespace 'ml'" in err
     assert "elastic-run k8s delete --namespace ml --job-id demo" in err
     assert [req for req in fake.requests if req[0] != "GET"] == writes_before
@@ -269,7 +364,7 @@ def test_submit_replaces_what_a_deleted_job_left_and_keeps_shared_objects(
     assert "Job/demo-launcher: created" in out
     config_map = kube.get(KINDS["ConfigMap"], "demo-worker-template", NS)
     assert config_map is not None
-    template = yaml.safe_load(config_map["data"][r.TEMPLATE_KEY])
+    template = yaml.safe_load(config_map["data"][naming.TEMPLATE_KEY])
     assert template["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "3"
 
 
@@ -293,7 +388,9 @@ def test_submit_needs_the_priority_class_to_exist(
     assert submit(capsys, kubeconfig, "--with-etcd", "--no-priority-class")[0] == 0
     config_map = kube.get(KINDS["ConfigMap"], "demo-worker-template", NS)
     assert config_map is not None
-    assert "priorityClassName" not in yaml.safe_load(config_map["data"][r.TEMPLATE_KEY])["spec"]
+    assert (
+        "priorityClassName" not in yaml.safe_load(config_map["data"][naming.TEMPLATE_KEY])["spec"]
+    )
 
 
 def test_submit_to_a_missing_namespace_says_to_create_it(
@@ -309,12 +406,12 @@ def test_submit_to_a_missing_namespace_says_to_create_it(
     assert "namespace 'nope' does not exist: create it (`kubectl create namespace nope`)" in err
 
 
-def test_a_forbidden_verb_is_a_clear_rbac_error_with_exit_code_2(
+def test_a_forbidden_verb_is_a_clear_rbac_error_with_exit_code_3(
     capsys: pytest.CaptureFixture[str], kubeconfig: str, fake: FakeKube
 ) -> None:
     fake.deny("create", "roles")
     code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
-    assert code == 2
+    assert code == 3
     [line] = err.strip().splitlines()
     assert line.startswith(
         "elastic-run k8s submit: error: forbidden: the Kubernetes API refused to create roles "
@@ -340,7 +437,7 @@ def test_an_unchecked_prerequisite_is_a_warning_not_an_error(
 
 
 def add_pod(kube: Kube, name: str, role: str, phase: str, **status: Any) -> None:
-    labels = {**r.job_labels("demo"), r.ROLE_LABEL: role}
+    labels = {**naming.job_labels("demo"), naming.ROLE_LABEL: role}
     kube.create(
         {
             "apiVersion": "v1",
@@ -415,15 +512,17 @@ def test_delete_removes_the_jobs_objects_and_pods_and_keeps_etcd(
 ) -> None:
     assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
     add_pod(kube, "demo-worker-1", "worker", "Running")
-    other = r.JobSpec(image=IMAGE, command=("python", "x.py"), namespace=NS, job_id="other")
-    for manifest in r.render(other):
+    other = manifests.JobSpec(
+        image=IMAGE, job=job_options(("python", "x.py"), job_id="other"), namespace=NS
+    )
+    for manifest in manifests.render(other):
         kube.create(manifest)
     code, out, err = run(
         capsys, "k8s", "delete", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
     )
     assert (code, err) == (0, ""), err
     assert "Pod/demo-worker-1: deleted" in out
-    selector = r.job_selector("demo")
+    selector = naming.job_selector("demo")
     for kind in (*JOB_KINDS, "Pod"):
         remaining = kube.list(KINDS[kind], NS, selector)
         # A pod with a grace period is Terminating until its kubelet confirms; none runs here.
@@ -448,7 +547,7 @@ def test_delete_needs_a_job_id(capsys: pytest.CaptureFixture[str]) -> None:
 # -- no cluster ----------------------------------------------------------------------------------
 
 
-def test_an_unreachable_cluster_is_a_clear_error(
+def test_an_unreachable_cluster_is_a_clear_operational_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     with socket.socket() as probe:
@@ -458,7 +557,7 @@ def test_an_unreachable_cluster_is_a_clear_error(
     code, out, err = run(
         capsys, "k8s", "status", "--kubeconfig", str(config), "--namespace", NS, "--job-id", "x"
     )
-    assert (code, out) == (2, "")
+    assert (code, out) == (3, "")
     assert f"cannot reach the Kubernetes API at http://127.0.0.1:{port} to get jobs" in err
     assert "kubectl cluster-info" in err
 

@@ -10,7 +10,8 @@ import pytest
 from kubernetes import client
 
 from launcher import cli
-from launcher.k8s_events import RING_ANNOTATION, EventRecorder
+from launcher.k8s.events import EventRecorder
+from launcher.k8s.naming import RING_ANNOTATION
 from launcher.policy import ChangeKind, MembershipChange
 from tests.helpers.fake_kube import FakeKube
 
@@ -24,8 +25,8 @@ def launcher_pod(kube: FakeKube) -> str:
 
 def test_membership_changes_become_events_on_the_launcher_pod(fake_kube: FakeKube) -> None:
     uid = launcher_pod(fake_kube)
-    with fake_kube.api_client() as api:
-        recorder = EventRecorder(api, "default", "job-launcher", uid, "job")
+    with fake_kube.kube() as kube:
+        recorder = EventRecorder(kube, "default", "job-launcher", uid, "job")
         recorder(MembershipChange(ChangeKind.JOINED, 2, ("w-3.0",), "epoch 2: w-3.0 joined"))
         recorder(MembershipChange(ChangeKind.CRASHED, 2, ("w-1.0",), "slot w-1.0 crashed"))
         recorder(MembershipChange(ChangeKind.REFORMED, 3, ("w-0.0", "w-3.0"), "epoch 3 running"))
@@ -55,8 +56,8 @@ def test_a_forbidden_event_is_logged_once_and_never_fails_the_job(
 ) -> None:
     uid = launcher_pod(fake_kube)
     fake_kube.deny("create", "events")
-    with caplog.at_level(logging.WARNING), fake_kube.api_client() as api:
-        recorder = EventRecorder(api, "default", "job-launcher", uid, "job")
+    with caplog.at_level(logging.WARNING), fake_kube.kube() as kube:
+        recorder = EventRecorder(kube, "default", "job-launcher", uid, "job")
         for epoch in (1, 2):
             recorder(MembershipChange(ChangeKind.JOINED, epoch, ("a.0",), "joined"))
         recorder.close()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from elastic_allreduce.rendezvous.model import RingState
+from elastic_allreduce.records.values import RingState
+from elastic_allreduce.rendezvous.protocol import WaitKind
 from launcher.policy import (
     NODE_START_TIMEOUT,
     ChangeKind,
@@ -117,7 +118,7 @@ def test_crashes_and_graceful_leaves_are_announced() -> None:
     crash = step_with(policy, world)
     (crashed,) = changes(crash, ChangeKind.CRASHED)
     assert crashed.slots == ("n1.0",) and "SIGKILL" in crashed.message
-    world.waiting.update({"n0.0": "reset", "n2.0": "reset"})
+    world.waiting.update({"n0.0": WaitKind.RESET, "n2.0": WaitKind.RESET})
     step_with(policy, world)
     world.members["n2"] = Member("n2", 1, True, world.members["n2"].registered)
     (left,) = changes(step_with(policy, world), ChangeKind.LEFT)
@@ -130,7 +131,7 @@ def test_a_replaced_stuck_member_is_not_killed_again_while_it_starts() -> None:
     policy, world, slots = started_job(min_workers=2, stuck_timeout=5.0)
     world.kill(slots[0])
     step_with(policy, world)  # failure epoch 2: n1.0 and n2.0 must come back
-    world.waiting["n1.0"] = "reset"
+    world.waiting["n1.0"] = WaitKind.RESET
     step_with(policy, world)
     world.now = 6.0  # n2.0 stays silent: it is replaced by a new incarnation
     decisions = step_with(policy, world)

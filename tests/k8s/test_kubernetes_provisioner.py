@@ -13,9 +13,11 @@ import pytest
 from kubernetes import client
 
 from elastic_allreduce import env
-from elastic_allreduce.errors import KubernetesApiError
+from elastic_allreduce.errors import ConfigError, UnavailableError
+from launcher.k8s.client import Kube
+from launcher.k8s.errors import KubernetesApiError
+from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.provisioners.api import NodeStates
-from launcher.provisioners.kubernetes import KubernetesProvisioner, KubernetesSettings
 from tests.helpers.fake_kube import FakeKube
 from tests.k8s.conftest import join_template
 
@@ -62,9 +64,7 @@ def gpu_template() -> dict[str, Any]:
     return template
 
 
-def make(
-    kube: FakeKube, api: client.ApiClient, template: dict[str, Any] | None = None, **extra: Any
-) -> KubernetesProvisioner:
+def make(kube: Kube, template: dict[str, Any] | None = None, **extra: Any) -> KubernetesProvisioner:
     settings = KubernetesSettings(
         namespace="default",
         job_id=JOB,
@@ -74,18 +74,26 @@ def make(
         launcher_pod_uid=extra.pop("launcher_pod_uid", "uid-of-launcher"),
         **extra,
     )
-    return KubernetesProvisioner(settings, api)
+    return KubernetesProvisioner(settings, kube)
 
 
 @pytest.fixture
 def api(fake_kube: FakeKube) -> Iterator[client.ApiClient]:
+    """The official client: the test's own hands on the cluster (as kubectl would be)."""
     with fake_kube.api_client() as api_client:
         yield api_client
 
 
 @pytest.fixture
-def provisioner(fake_kube: FakeKube, api: client.ApiClient) -> Iterator[KubernetesProvisioner]:
-    made = make(fake_kube, api)
+def kube(fake_kube: FakeKube) -> Iterator[Kube]:
+    """The launcher's client, for the provisioner."""
+    with fake_kube.kube() as launcher_client:
+        yield launcher_client
+
+
+@pytest.fixture
+def provisioner(kube: Kube) -> Iterator[KubernetesProvisioner]:
+    made = make(kube)
     yield made
     made.close()
 
@@ -136,8 +144,8 @@ def test_worker_pods_carry_labels_env_resources_scheduling_and_owner(
     assert variables[env.HOST]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
-def test_gpus_per_node_sets_the_gpu_limit(fake_kube: FakeKube, api: client.ApiClient) -> None:
-    provisioner = make(fake_kube, api, join_template(), gpus_per_node=4)
+def test_gpus_per_node_sets_the_gpu_limit(fake_kube: FakeKube, kube: Kube) -> None:
+    provisioner = make(kube, join_template(), gpus_per_node=4)
     try:
         (name,) = provisioner.start_nodes(1)
         resources = fake_kube.pod(name)["spec"]["containers"][0]["resources"]  # type: ignore[index]
@@ -147,10 +155,10 @@ def test_gpus_per_node_sets_the_gpu_limit(fake_kube: FakeKube, api: client.ApiCl
         provisioner.close()
 
 
-def test_a_taken_name_is_skipped(fake_kube: FakeKube, api: client.ApiClient) -> None:
+def test_a_taken_name_is_skipped(fake_kube: FakeKube, api: client.ApiClient, kube: Kube) -> None:
     leftover = {"metadata": {"name": "train-a-worker-0"}, "spec": {"containers": [{"name": "x"}]}}
     client.CoreV1Api(api).create_namespaced_pod("default", leftover)
-    provisioner = make(fake_kube, api)
+    provisioner = make(kube)
     try:
         assert provisioner.start_nodes(2) == ["train-a-worker-1", "train-a-worker-2"]
     finally:
@@ -214,9 +222,9 @@ def test_stop_node_deletes_the_pod_and_is_not_a_loss(
 
 
 def test_the_watch_resumes_from_its_resource_version(
-    fake_kube: FakeKube, api: client.ApiClient
+    fake_kube: FakeKube, api: client.ApiClient, kube: Kube
 ) -> None:
-    provisioner = make(fake_kube, api, watch_timeout=2)
+    provisioner = make(kube, watch_timeout=2)
     try:
         watcher = Watcher(provisioner)
         (name,) = provisioner.start_nodes(1)
@@ -232,9 +240,9 @@ def test_the_watch_resumes_from_its_resource_version(
 
 
 def test_410_gone_makes_it_list_again_and_catch_up(
-    fake_kube: FakeKube, api: client.ApiClient
+    fake_kube: FakeKube, api: client.ApiClient, kube: Kube
 ) -> None:
-    provisioner = make(fake_kube, api)
+    provisioner = make(kube)
     try:
         watcher = Watcher(provisioner)
         first, second = provisioner.start_nodes(2)
@@ -242,7 +250,7 @@ def test_410_gone_makes_it_list_again_and_catch_up(
         fake_kube.deny("watch", "pods")  # keep the provisioner from watching for a moment
         fake_kube.drop_watches()
         fake_kube.wait_for(lambda: provisioner.watch_error is not None, 10, "a refused watch")
-        assert "RBAC forbids the launcher to watch pods" in str(provisioner.watch_error)
+        assert "refused to watch pods in namespace 'default'" in str(provisioner.watch_error)
         # While it could not watch: one pod is deleted, and history is compacted.
         client.CoreV1Api(api).delete_namespaced_pod(first, "default", grace_period_seconds=0)
         fake_kube.compact()
@@ -255,9 +263,9 @@ def test_410_gone_makes_it_list_again_and_catch_up(
 
 
 def test_close_deletes_every_pod_it_created_and_is_idempotent(
-    fake_kube: FakeKube, api: client.ApiClient
+    fake_kube: FakeKube, kube: Kube
 ) -> None:
-    provisioner = make(fake_kube, api)
+    provisioner = make(kube)
     names = provisioner.start_nodes(3)
     provisioner.close()
     assert not any(fake_kube.pod(name) for name in names)
@@ -265,29 +273,29 @@ def test_close_deletes_every_pod_it_created_and_is_idempotent(
 
 
 def test_rbac_refusals_say_what_is_forbidden_and_how_to_fix_it(
-    fake_kube: FakeKube, api: client.ApiClient
+    fake_kube: FakeKube, kube: Kube
 ) -> None:
     fake_kube.deny("create", "pods")
-    provisioner = make(fake_kube, api)
+    provisioner = make(kube)
     try:
         with pytest.raises(KubernetesApiError) as raised:
             provisioner.start_nodes(1)
         message = str(raised.value)
         assert raised.value.status == 403
-        assert "RBAC forbids the launcher to create pods in namespace 'default'" in message
+        assert not isinstance(raised.value, ConfigError)  # operational: exit code 3
+        assert "refused to create pods in namespace 'default'" in message
+        assert "The launcher's Role allows create on pods" in message
         assert "k8s/" in message
     finally:
         provisioner.close()
 
 
-def test_a_missing_namespace_and_an_unreachable_api_are_clear_errors(
-    fake_kube: FakeKube, api: client.ApiClient
-) -> None:
+def test_a_missing_namespace_and_an_unreachable_api_are_clear_errors(kube: Kube) -> None:
     settings = KubernetesSettings(
         namespace="nope", job_id=JOB, etcd="e:1", worker_template=join_template()
     )
     with pytest.raises(KubernetesApiError, match=r"namespace 'nope'.*404"):
-        KubernetesProvisioner(settings, api).start_nodes(1)
+        KubernetesProvisioner(settings, kube).start_nodes(1)
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
@@ -295,16 +303,15 @@ def test_a_missing_namespace_and_an_unreachable_api_are_clear_errors(
     configuration.host = f"http://127.0.0.1:{port}"
     configuration.retries = 0
     with (
-        client.ApiClient(configuration) as dead,
-        pytest.raises(KubernetesApiError, match="cannot reach the Kubernetes API"),
+        Kube(client.ApiClient(configuration)) as dead,
+        pytest.raises(KubernetesApiError, match="cannot reach the Kubernetes API") as raised,
     ):
         KubernetesProvisioner(settings, dead).start_nodes(1)
+    assert isinstance(raised.value, UnavailableError)
 
 
-def test_a_template_that_is_not_a_pod_is_refused(api: client.ApiClient) -> None:
-    from elastic_allreduce.errors import ConfigError  # noqa: PLC0415
-
+def test_a_template_that_is_not_a_pod_is_refused(kube: Kube) -> None:
     bad = {"kind": "Deployment", "spec": {"template": {}}}
     settings = KubernetesSettings(namespace="default", job_id=JOB, etcd="e:1", worker_template=bad)
     with pytest.raises(ConfigError, match="must be a Pod manifest"):
-        KubernetesProvisioner(settings, api)
+        KubernetesProvisioner(settings, kube)

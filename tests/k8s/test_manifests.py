@@ -1,6 +1,7 @@
 """k8s/ renders with kustomize, every object validates against a current Kubernetes schema, and
 the objects keep the contract between the launcher, its workers and the cluster (RBAC, worker
-template, NetworkPolicy, etcd). ``elastic-run k8s render`` produces the same objects."""
+template, NetworkPolicy, etcd). ``elastic-run k8s render`` produces the same objects, and the
+launcher Job's command line parses with ``elastic-run run`` back to the job's options."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from launcher.k8s import render as r
+from launcher import job_options
+from launcher.job_options import JobOptions
+from launcher.k8s import manifests as m
+from launcher.k8s import naming as n
 from tests.conftest import ROOT
 
 K8S = ROOT / "k8s"
@@ -65,8 +69,8 @@ def one(objects: tuple[Obj, ...] | list[Obj], kind: str, name: str | None = None
 
 def worker_template(objects: tuple[Obj, ...] | list[Obj]) -> Obj:
     config_map = one(objects, "ConfigMap")
-    assert set(config_map["data"]) == {r.TEMPLATE_KEY}
-    template = yaml.safe_load(config_map["data"][r.TEMPLATE_KEY])
+    assert set(config_map["data"]) == {n.TEMPLATE_KEY}
+    template = yaml.safe_load(config_map["data"][n.TEMPLATE_KEY])
     assert isinstance(template, dict)
     return template
 
@@ -197,7 +201,7 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
     args = container["args"]
     assert container["command"] == ["elastic-run"]
     assert args[:2] == ["run", "--kubernetes"]
-    assert flag(args, "--worker-template") == f"{r.TEMPLATE_DIR}/{r.TEMPLATE_KEY}"
+    assert flag(args, "--worker-template") == f"{n.TEMPLATE_DIR}/{n.TEMPLATE_KEY}"
     assert flag(args, "--namespace") == "$(ELASTIC_ALLREDUCE_NAMESPACE)"
     assert flag(args, "--etcd") == "elastic-allreduce-etcd:2379"
     low, start, high = (int(flag(args, f)) for f in ("--min-workers", "--workers", "--max-workers"))
@@ -217,9 +221,9 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
     job_id = flag(args, "--job-id")
     pod = job["spec"]["template"]
     assert pod["metadata"]["labels"] == {
-        r.NAME_LABEL: r.APP_NAME,
-        r.JOB_LABEL: job_id,
-        r.ROLE_LABEL: "launcher",
+        n.NAME_LABEL: n.APP_NAME,
+        n.JOB_LABEL: job_id,
+        n.ROLE_LABEL: "launcher",
     }
     assert pod["spec"]["restartPolicy"] == "Never"
     assert job["spec"]["backoffLimit"] == 0
@@ -228,7 +232,7 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     [(name, mount)] = mounts.items()
-    assert mount["mountPath"] == r.TEMPLATE_DIR
+    assert mount["mountPath"] == n.TEMPLATE_DIR
     assert volumes[name]["configMap"]["name"] == config_map["metadata"]["name"]
 
 
@@ -240,9 +244,9 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
     job_id = flag(launcher["args"], "--job-id")
     assert template["kind"] == "Pod"
     assert template["metadata"]["labels"] == {
-        r.NAME_LABEL: r.APP_NAME,
-        r.JOB_LABEL: job_id,
-        r.ROLE_LABEL: "worker",
+        n.NAME_LABEL: n.APP_NAME,
+        n.JOB_LABEL: job_id,
+        n.ROLE_LABEL: "worker",
     }
     spec = template["spec"]
     [container] = spec["containers"]
@@ -254,12 +258,12 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 90
     assert spec["priorityClassName"] == one(objects, "PriorityClass")["metadata"]["name"]
-    gpus = container["resources"]["limits"].get(r.GPU_RESOURCE)
+    gpus = container["resources"]["limits"].get(n.GPU_RESOURCE)
     nproc = int(flag(launcher["args"], "--nproc-per-node"))
     if overlay == "overlays/gpu-example":
         assert gpus == 1
         assert nproc == 1
-        assert {"key": r.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in spec[
+        assert {"key": n.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in spec[
             "tolerations"
         ]
     else:
@@ -281,7 +285,7 @@ def test_the_network_policy_admits_only_the_job_and_reaches_only_it_etcd_and_dns
     objects = build(overlay)
     job_id = flag(launcher_container(objects)["args"], "--job-id")
     policies = {p["metadata"]["name"]: p["spec"] for p in objects if p["kind"] == "NetworkPolicy"}
-    same_job = {"podSelector": {"matchLabels": {r.JOB_LABEL: job_id}}}
+    same_job = {"podSelector": {"matchLabels": {n.JOB_LABEL: job_id}}}
     pods = policies[job_id]
     assert pods["podSelector"] == same_job["podSelector"]
     assert pods["policyTypes"] == ["Ingress", "Egress"]
@@ -298,15 +302,15 @@ def test_the_network_policy_admits_only_the_job_and_reaches_only_it_etcd_and_dns
     assert sorted(p["port"] for p in dns["ports"]) == [53, 53]
     assert len(egress) == 3
     api = policies[f"{job_id}-launcher-api"]
-    assert api["podSelector"]["matchLabels"] == {r.JOB_LABEL: job_id, r.ROLE_LABEL: "launcher"}
+    assert api["podSelector"]["matchLabels"] == {n.JOB_LABEL: job_id, n.ROLE_LABEL: "launcher"}
     assert api["policyTypes"] == ["Egress"]
     etcd = policies["elastic-allreduce-etcd"]
     assert etcd["podSelector"]["matchLabels"] == etcd_pods
     clients = etcd["ingress"][0]
-    assert clients["from"] == [{"podSelector": {"matchLabels": {r.NAME_LABEL: r.APP_NAME}}}]
+    assert clients["from"] == [{"podSelector": {"matchLabels": {n.NAME_LABEL: n.APP_NAME}}}]
     assert clients["ports"] == [{"protocol": "TCP", "port": 2379}]
     # The workers and the launcher carry the label the etcd policy admits.
-    assert worker_template(objects)["metadata"]["labels"][r.NAME_LABEL] == r.APP_NAME
+    assert worker_template(objects)["metadata"]["labels"][n.NAME_LABEL] == n.APP_NAME
 
 
 def etcd_env(objects: tuple[Obj, ...]) -> dict[str, str]:
@@ -370,51 +374,50 @@ def normalized(objects: tuple[Obj, ...] | list[Obj]) -> dict[tuple[str, str], Ob
     return result
 
 
-BASE_SPEC = r.JobSpec(
-    image="elastic-allreduce:0.1.0",
-    command=CPU_COMMAND,
-    workers=2,
-    min_workers=1,
-    max_workers=4,
-    with_etcd=True,
-    with_priority_class=True,
+BASE_JOB = job_options.job_options(
+    CPU_COMMAND, job_id=n.DEFAULT_JOB_ID, workers=2, min_workers=1, max_workers=4
 )
-
-
-def test_the_base_is_what_render_prints_for_the_default_job() -> None:
-    assert normalized(build("base")) == normalized(r.render(BASE_SPEC))
-
-
-def test_the_gpu_example_is_what_render_prints_for_it() -> None:
-    spec = r.JobSpec(
-        image="elastic-allreduce:0.1.0-gpu",
-        command=(*CPU_COMMAND, "--epochs", "30"),
-        namespace="elastic-allreduce-gpu",
+BASE_SPEC = m.JobSpec(
+    image="elastic-allreduce:0.1.0", job=BASE_JOB, with_etcd=True, with_priority_class=True
+)
+GPU_SPEC = m.JobSpec(
+    image="elastic-allreduce:0.1.0-gpu",
+    job=job_options.job_options(
+        (*CPU_COMMAND, "--epochs", "30"),
+        job_id=n.DEFAULT_JOB_ID,
         workers=4,
         min_workers=2,
         max_workers=8,
-        gpus_per_worker=1,
-        cpu="4",
-        memory="16Gi",
-        with_etcd=True,
-        with_priority_class=True,
-    )
-    assert normalized(build("overlays/gpu-example")) == normalized(r.render(spec))
+        gpus_per_node=1,
+    ),
+    namespace="elastic-allreduce-gpu",
+    cpu="4",
+    memory="16Gi",
+    with_etcd=True,
+    with_priority_class=True,
+)
+DEV_SPEC = m.JobSpec(
+    image="elastic-allreduce:0.1.0",
+    job=BASE_JOB,
+    namespace="elastic-allreduce-dev",
+    with_etcd=True,
+    etcd_replicas=1,
+    with_priority_class=True,
+)
+#: The job each overlay runs, as `elastic-run k8s render` is told it.
+OVERLAY_SPECS = {"base": BASE_SPEC, "overlays/dev": DEV_SPEC, "overlays/gpu-example": GPU_SPEC}
+
+
+def test_the_base_is_what_render_prints_for_the_default_job() -> None:
+    assert normalized(build("base")) == normalized(m.render(BASE_SPEC))
+
+
+def test_the_gpu_example_is_what_render_prints_for_it() -> None:
+    assert normalized(build("overlays/gpu-example")) == normalized(m.render(GPU_SPEC))
 
 
 def test_the_dev_overlay_differs_from_render_only_in_its_etcd() -> None:
-    spec = r.JobSpec(
-        image="elastic-allreduce:0.1.0",
-        command=CPU_COMMAND,
-        namespace="elastic-allreduce-dev",
-        workers=2,
-        min_workers=1,
-        max_workers=4,
-        with_etcd=True,
-        etcd_replicas=1,
-        with_priority_class=True,
-    )
-    built, rendered = normalized(build("overlays/dev")), normalized(r.render(spec))
+    built, rendered = normalized(build("overlays/dev")), normalized(m.render(DEV_SPEC))
     differing = {
         key for key in built.keys() | rendered.keys() if built.get(key) != rendered.get(key)
     }
@@ -422,28 +425,38 @@ def test_the_dev_overlay_differs_from_render_only_in_its_etcd() -> None:
 
 
 RENDER_SPECS = {
-    "defaults": r.JobSpec(image="registry.example.com/ea:1", command=("python", "train.py")),
-    "gpus, selectors, tolerations, own etcd": r.JobSpec(
+    "defaults": m.JobSpec(
+        image="registry.example.com/ea:1",
+        job=job_options.job_options(("python", "train.py"), job_id=n.DEFAULT_JOB_ID),
+    ),
+    "gpus, selectors, tolerations, own etcd": m.JobSpec(
         image="registry.example.com/ea:1-gpu",
-        command=("python", "train.py", "--epochs", "3"),
+        job=job_options.job_options(
+            ("python", "train.py", "--epochs", "3"),
+            job_id="bert-7",
+            workers=3,
+            min_workers=2,
+            max_workers=16,
+            gpus_per_node=4,
+            nproc_per_node=4,
+            max_restarts=10,
+            wait_timeout=300,
+            checkpoint_dir="/checkpoints/bert-7",
+        ),
         namespace="team-a",
-        job_id="bert-7",
-        workers=3,
-        min_workers=2,
-        max_workers=16,
-        gpus_per_worker=4,
-        nproc_per_node=4,
         cpu="16",
         memory="64Gi",
         with_etcd=True,
         etcd_replicas=5,
         node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
-        tolerations=(r.Toleration("dedicated", value="ml"),),
+        tolerations=(m.Toleration("dedicated", value="ml"),),
         priority_class=None,
     ),
-    "no network policy, external etcd": r.JobSpec(
+    "no network policy, external etcd": m.JobSpec(
         image="ea:2",
-        command=("python", "-m", "mypkg.train"),
+        job=job_options.job_options(
+            ("python", "-m", "mypkg.train"), job_id="ext-1", max_restarts=0, wait_timeout=12.5
+        ),
         etcd="etcd-0.infra:2379,etcd-1.infra:2379",
         network_policy=False,
     ),
@@ -453,7 +466,7 @@ RENDER_SPECS = {
 @pytest.mark.parametrize("name", RENDER_SPECS)
 def test_render_output_validates(name: str) -> None:
     spec = RENDER_SPECS[name]
-    text = r.to_yaml(r.render(spec))
+    text = m.to_yaml(m.render(spec))
     objects = [doc for doc in yaml.safe_load_all(text) if doc]
     for obj in objects:
         validate(obj)
@@ -463,42 +476,61 @@ def test_render_output_validates(name: str) -> None:
     validate(template)
     [container] = template["spec"]["containers"]
     assert container["image"] == spec.image
-    assert template["metadata"]["labels"][r.JOB_LABEL] == spec.job_id
+    assert template["metadata"]["labels"][n.JOB_LABEL] == spec.job_id
     args = launcher_container(objects)["args"]
     assert flag(args, "--job-id") == spec.job_id
     assert flag(args, "--etcd") == spec.etcd_endpoints
-    assert args[args.index("--") + 1 :] == list(spec.command)
+    assert args[args.index("--") + 1 :] == list(spec.job.command)
     assert ("NetworkPolicy" in {o["kind"] for o in objects}) == spec.network_policy
-    if spec.gpus_per_worker:
-        assert container["resources"]["limits"][r.GPU_RESOURCE] == spec.gpus_per_worker
+    if spec.job.gpus_per_node:
+        assert container["resources"]["limits"][n.GPU_RESOURCE] == spec.job.gpus_per_node
         assert "priorityClassName" not in template["spec"]
         assert template["spec"]["nodeSelector"] == dict(spec.node_selector)
         assert len(template["spec"]["tolerations"]) == 2
         assert one(objects, "StatefulSet")["spec"]["replicas"] == 5
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_elastic_run_accepts_the_launchers_command_line(overlay: str) -> None:
+def parse_launcher_args(args: list[str], namespace: str) -> tuple[Any, JobOptions]:
+    """The launcher's arguments parsed by `elastic-run run`'s own parser, and the job options
+    it reads from them."""
     from launcher.cli import _build_parser  # noqa: PLC0415
 
-    args = launcher_container(build(overlay))["args"]
-    expanded = [a.replace("$(ELASTIC_ALLREDUCE_NAMESPACE)", NAMESPACES[overlay]) for a in args]
+    expanded = [a.replace("$(ELASTIC_ALLREDUCE_NAMESPACE)", namespace) for a in args]
     parsed = _build_parser().parse_args(expanded)
+    return parsed, job_options.from_args(parsed)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_elastic_run_accepts_the_launchers_command_line(overlay: str) -> None:
+    args = launcher_container(build(overlay))["args"]
+    parsed, job = parse_launcher_args(args, NAMESPACES[overlay])
     assert parsed.command == "run"
     assert parsed.kubernetes is True
-    assert parsed.worker_template == f"{r.TEMPLATE_DIR}/{r.TEMPLATE_KEY}"
+    assert parsed.worker_template == f"{n.TEMPLATE_DIR}/{n.TEMPLATE_KEY}"
     assert parsed.namespace == NAMESPACES[overlay]
     assert parsed.etcd == "elastic-allreduce-etcd:2379"
     assert parsed.job_id == "elastic-job"
     assert parsed.min_workers <= parsed.workers <= parsed.max_workers
     assert parsed.command_args == args[args.index("--") :]
+    # Every job option the overlay's job was rendered with reaches the launcher unchanged.
+    assert job == OVERLAY_SPECS[overlay].job
+
+
+@pytest.mark.parametrize("name", RENDER_SPECS)
+def test_the_rendered_launcher_command_parses_back_to_the_same_job(name: str) -> None:
+    spec = RENDER_SPECS[name]
+    parsed, job = parse_launcher_args(m.launcher_args(spec), spec.namespace)
+    assert job == spec.job
+    assert parsed.etcd == spec.etcd_endpoints
+    assert job_options.job_settings(job) == job_options.job_settings(spec.job)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_worker_pods_made_from_the_template_validate(overlay: str) -> None:
     import kubernetes  # noqa: PLC0415
 
-    from launcher.provisioners.kubernetes import (  # noqa: PLC0415
+    from launcher.k8s.client import Kube  # noqa: PLC0415
+    from launcher.k8s.provisioner import (  # noqa: PLC0415
         KubernetesProvisioner,
         KubernetesSettings,
     )
@@ -512,8 +544,8 @@ def test_the_worker_pods_made_from_the_template_validate(overlay: str) -> None:
         launcher_pod_name="elastic-job-launcher-abcde",
         launcher_pod_uid="6b1c3c1e-0000-4000-8000-000000000000",
     )
-    with kubernetes.client.ApiClient() as api:
-        pod = KubernetesProvisioner(settings, api).worker_pod("elastic-job-worker-0")
+    with Kube(kubernetes.client.ApiClient()) as kube:
+        pod = KubernetesProvisioner(settings, kube).worker_pod("elastic-job-worker-0")
     validate(pod)
     assert pod["metadata"]["labels"] == worker_template(objects)["metadata"]["labels"]
     [container] = pod["spec"]["containers"]

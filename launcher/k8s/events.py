@@ -7,8 +7,9 @@ Reformed; type Warning for crashes), so ``kubectl describe pod <launcher>`` and 
 events`` show the job's history. After each re-formed ring it also sets the annotation
 ``elastic-allreduce/ring`` on the launcher's pod (epoch and ranks).
 
-Events are sent from a thread of their own, so a slow API never holds up the control loop; a
-failed request is logged (once per kind of failure) and never fails the job.
+Events are sent from a thread of their own, through the one API client
+(:class:`launcher.k8s.client.Kube`), so a slow API never holds up the control loop; a failed
+request is logged (once per kind of failure) and never fails the job.
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Final
+from typing import Any
 
-import kubernetes
-
+from launcher.k8s.client import KINDS, Kube
+from launcher.k8s.errors import KubernetesApiError, KubernetesUnavailableError
+from launcher.k8s.naming import EVENT_COMPONENT, RING_ANNOTATION, job_labels
 from launcher.policy import ChangeKind, MembershipChange
-from launcher.provisioners.kubernetes import APP_LABEL, APP_NAME, CONNECTION_ERRORS, JOB_LABEL
 
 log = logging.getLogger(__name__)
-
-RING_ANNOTATION: Final = "elastic-allreduce/ring"
-COMPONENT: Final = "elastic-allreduce-launcher"
 
 
 class EventRecorder:
@@ -37,13 +35,13 @@ class EventRecorder:
 
     def __init__(
         self,
-        api_client: kubernetes.client.ApiClient,
+        kube: Kube,
         namespace: str,
         pod_name: str,
         pod_uid: str | None,
         job_id: str,
     ) -> None:
-        self._core: Any = kubernetes.client.CoreV1Api(api_client)
+        self._kube = kube
         self.namespace = namespace
         self.pod_name = pod_name
         self.pod_uid = pod_uid
@@ -90,14 +88,14 @@ class EventRecorder:
                 # Like the kubelet's: <object>.<unique suffix>.
                 "name": f"{self.pod_name}.{time.time_ns():x}{next(self._numbers):x}",
                 "namespace": self.namespace,
-                "labels": {APP_LABEL: APP_NAME, JOB_LABEL: self.job_id},
+                "labels": job_labels(self.job_id),
             },
             "involvedObject": involved,
             "reason": change.kind.value,
             "message": f"job {self.job_id}: {change.message}",
             "type": "Warning" if change.kind is ChangeKind.CRASHED else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
             "reportingInstance": self.pod_name,
             "firstTimestamp": now,
             "lastTimestamp": now,
@@ -106,17 +104,17 @@ class EventRecorder:
 
     def _record(self, change: MembershipChange) -> None:
         try:
-            self._core.create_namespaced_event(self.namespace, self.event(change))
+            self._kube.create(self.event(change))
             self.recorded += 1
-        except kubernetes.client.exceptions.ApiException as exc:
+        except KubernetesUnavailableError as exc:
+            self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
+        except KubernetesApiError as exc:
             self._warn(
                 f"event-{exc.status}",
-                f"cannot record the {change.kind.value} event on pod {self.pod_name} "
-                f"({exc.status} {exc.reason}); the job goes on without Events. A 403 means the "
-                "launcher's Role lacks create on events: apply k8s/",
+                f"cannot record the {change.kind.value} event on pod {self.pod_name} (HTTP "
+                f"{exc.status}); the job goes on without Events. A 403 means the launcher's Role "
+                f"lacks create on events: apply k8s/. The API said: {exc}",
             )
-        except CONNECTION_ERRORS as exc:
-            self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
         if change.kind is ChangeKind.REFORMED:
             self._annotate(change)
 
@@ -125,16 +123,16 @@ class EventRecorder:
         ring = f"epoch {change.epoch}: {len(change.slots)} ranks [{','.join(change.slots)}]"
         patch = {"metadata": {"annotations": {RING_ANNOTATION: ring}}}
         try:
-            self._core.patch_namespaced_pod(self.pod_name, self.namespace, patch)
-        except kubernetes.client.exceptions.ApiException as exc:
+            self._kube.patch(KINDS["Pod"], self.pod_name, self.namespace, patch)
+        except KubernetesUnavailableError as exc:
+            self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
+        except KubernetesApiError as exc:
             self._warn(
                 f"patch-{exc.status}",
-                f"cannot set the {RING_ANNOTATION} annotation on pod {self.pod_name} "
-                f"({exc.status} {exc.reason}); a 403 means the launcher's Role lacks patch on "
-                "pods (only this annotation needs it)",
+                f"cannot set the {RING_ANNOTATION} annotation on pod {self.pod_name} (HTTP "
+                f"{exc.status}); a 403 means the launcher's Role lacks patch on pods (only this "
+                f"annotation needs it). The API said: {exc}",
             )
-        except CONNECTION_ERRORS as exc:
-            self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
 
     def _warn(self, kind: str, message: str) -> None:
         if kind not in self._warned:

@@ -1,9 +1,9 @@
 """Kubernetes mode of ``elastic-run run``: the launcher runs in a pod and workers are pods.
 
 ``elastic-run run --kubernetes --worker-template FILE --etcd ... -- python train.py`` leads the
-job as usual, but its provisioner is :class:`~launcher.provisioners.kubernetes.
-KubernetesProvisioner` and its membership changes become Events on its own pod
-(:class:`~launcher.k8s_events.EventRecorder`). The launcher reads its own pod from the
+job as usual, but its provisioner is :class:`~launcher.k8s.provisioner.KubernetesProvisioner`
+and its membership changes become Events on its own pod
+(:class:`~launcher.k8s.events.EventRecorder`). The launcher reads its own pod from the
 environment that the launcher's manifest sets through the downward API:
 
 - ``ELASTIC_ALLREDUCE_POD_NAME`` / ``ELASTIC_ALLREDUCE_POD_UID``: owner of the worker pods
@@ -12,7 +12,8 @@ environment that the launcher's manifest sets through the downward API:
 - ``ELASTIC_ALLREDUCE_NAMESPACE``: the namespace of the worker pods (or ``--namespace``).
 
 The API is reached through ``--kube-api URL`` / ``ELASTIC_ALLREDUCE_KUBE_API`` when given (a
-``kubectl proxy``, tests), else the in-cluster service account or the kubeconfig.
+``kubectl proxy``, tests), else the in-cluster service account or the kubeconfig
+(:func:`launcher.k8s.client.connect`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import kubernetes
-
 from elastic_allreduce import env
-from elastic_allreduce.errors import ConfigError
-from launcher.k8s_events import EventRecorder
+from launcher.k8s.client import LAUNCHER_RBAC_ADVICE, connect
+from launcher.k8s.errors import KubernetesConfigError
+from launcher.k8s.events import EventRecorder
+from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.launcher import JobResult, Launcher, LaunchSettings
-from launcher.provisioners.kubernetes import KubernetesProvisioner, KubernetesSettings
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class KubernetesMode:
     pod_uid: str | None
     pod_ip: str
     kube_api: str | None
+    #: The job's --gpus-per-node: each worker pod's nvidia.com/gpu (None: the template's).
     gpus_per_node: int | None = None
 
     @classmethod
@@ -54,8 +55,9 @@ class KubernetesMode:
         kube_api: str | None,
         gpus_per_node: int | None = None,
     ) -> KubernetesMode:
+        """The mode from ``run``'s flags and the pod's environment (ConfigError if unusable)."""
         if not template_file:
-            raise ConfigError(
+            raise KubernetesConfigError(
                 "--kubernetes needs --worker-template FILE: a Pod manifest (YAML or JSON) whose "
                 "first container runs `elastic-run join` (k8s/ has one)"
             )
@@ -71,11 +73,12 @@ class KubernetesMode:
 
 
 def load_template(path: str) -> dict[str, Any]:
-    """A worker Pod manifest from a YAML or JSON file (ConfigError saying what is wrong)."""
+    """A worker Pod manifest from a YAML or JSON file (KubernetesConfigError saying what is
+    wrong)."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read the worker template {path!r}: {exc}") from exc
+        raise KubernetesConfigError(f"cannot read the worker template {path!r}: {exc}") from exc
     try:
         if path.endswith(".json"):
             document = json.loads(text)
@@ -83,38 +86,29 @@ def load_template(path: str) -> dict[str, Any]:
             yaml: Any = importlib.import_module("yaml")
             documents = [d for d in yaml.safe_load_all(text) if d is not None]
             if len(documents) != 1:
-                raise ConfigError(
+                raise KubernetesConfigError(
                     f"the worker template {path!r} must hold one Pod manifest, "
                     f"found {len(documents)} documents"
                 )
             document = documents[0]
-    except ConfigError:
+    except KubernetesConfigError:
         raise
     except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        raise ConfigError(f"the worker template {path!r} is not valid YAML/JSON: {exc}") from exc
+        raise KubernetesConfigError(
+            f"the worker template {path!r} is not valid YAML/JSON: {exc}"
+        ) from exc
     if not isinstance(document, dict) or document.get("kind", "Pod") != "Pod":
         kind = document.get("kind") if isinstance(document, dict) else type(document).__name__
-        raise ConfigError(
+        raise KubernetesConfigError(
             f"the worker template {path!r} must be a Pod manifest (kind: Pod), got {kind!r}"
         )
     return document
 
 
-def api_client(kube_api: str | None) -> kubernetes.client.ApiClient:
-    """A client for ``kube_api`` when given, else in-cluster or kubeconfig configuration."""
-    if kube_api:
-        configuration = kubernetes.client.Configuration()
-        configuration.host = kube_api.rstrip("/")
-        return kubernetes.client.ApiClient(configuration)
-    from launcher.k8s.client import connect  # noqa: PLC0415 - kubeconfig only when needed
-
-    return connect()
-
-
 def run_job(settings: LaunchSettings, mode: KubernetesMode) -> JobResult:
     """Lead the job with worker pods; Events on the launcher's pod when it is known."""
     with contextlib.ExitStack() as stack:
-        client = stack.enter_context(api_client(mode.kube_api))
+        kube = stack.enter_context(connect(url=mode.kube_api, rbac_advice=LAUNCHER_RBAC_ADVICE))
         provisioner = KubernetesProvisioner(
             KubernetesSettings(
                 namespace=mode.namespace,
@@ -125,12 +119,12 @@ def run_job(settings: LaunchSettings, mode: KubernetesMode) -> JobResult:
                 launcher_pod_uid=mode.pod_uid,
                 gpus_per_node=mode.gpus_per_node,
             ),
-            client,
+            kube,
         )
         recorder = None
         if mode.pod_name:
             recorder = EventRecorder(
-                client, mode.namespace, mode.pod_name, mode.pod_uid, settings.job_id
+                kube, mode.namespace, mode.pod_name, mode.pod_uid, settings.job_id
             )
             stack.callback(recorder.close)
         return Launcher(settings, provisioner, on_event=recorder).run()

@@ -1,6 +1,8 @@
 """The Kubernetes objects of one elastic job, as plain dicts (pure: no cluster, no I/O).
 
-``render(JobSpec(...))`` returns, in the order they should be applied:
+A :class:`JobSpec` is the job's options (:class:`~launcher.job_options.JobOptions`, the flags
+``elastic-run run`` takes too) plus where and how it runs on the cluster (image, namespace,
+resources, etcd, scheduling). ``render(JobSpec(...))`` returns, in the order to apply them:
 
 - optionally the ``PriorityClass`` for preemptible training (cluster-scoped, so only with
   ``with_priority_class``: creating it needs cluster rights that a job's submitter often lacks);
@@ -10,6 +12,10 @@
 - the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch
   and events create, nothing else), the worker pod template in a ConfigMap, the job's
   NetworkPolicies and the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
+  The launcher Job runs ``elastic-run run --kubernetes`` with the job's flags
+  (:func:`launcher.job_options.to_args`), so every job option reaches the launcher.
+
+Names and labels come from :mod:`launcher.k8s.naming`.
 
 The kustomize base in ``k8s/base`` holds the same objects for the default job
 (``tests/k8s/test_manifests.py`` checks that they are equal).
@@ -18,6 +24,7 @@ The kustomize base in ``k8s/base`` holds the same objects for the default job
 from __future__ import annotations
 
 import importlib
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,40 +32,47 @@ from typing import Any, Final
 
 from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError
-from elastic_allreduce.store.api import validate_job_id
+from launcher import job_options
+from launcher.job_options import JobOptions
+from launcher.k8s.naming import (
+    APP_NAME,
+    DEFAULT_NAMESPACE,
+    ETCD_CLIENT_PORT,
+    ETCD_NAME,
+    ETCD_PEER_PORT,
+    ETCD_PEER_SERVICE,
+    GPU_RESOURCE,
+    NAME_LABEL,
+    PRIORITY_CLASS,
+    ROLE_LABEL,
+    ROLE_LAUNCHER,
+    ROLE_WORKER,
+    TEMPLATE_DIR,
+    TEMPLATE_KEY,
+    TEMPLATE_PATH,
+    api_policy_name,
+    default_etcd_endpoints,
+    etcd_labels,
+    job_labels,
+    launcher_name,
+    network_policy_name,
+    pod_labels,
+    same_job,
+    template_name,
+)
 
 Manifest = dict[str, Any]
 
 # PyYAML ships no type hints; imported this way it is Any without a stub package or an ignore.
 yaml: Any = importlib.import_module("yaml")
 
-#: Labels every object of a job carries; pods carry ROLE_LABEL too.
-NAME_LABEL: Final = "app.kubernetes.io/name"
-APP_NAME: Final = "elastic-allreduce"
-JOB_LABEL: Final = "elastic-allreduce/job"
-ROLE_LABEL: Final = "elastic-allreduce/role"
-
-#: Where the launcher pod finds the worker pod template (the ConfigMap is mounted there).
-TEMPLATE_DIR: Final = "/etc/elastic-allreduce"
-TEMPLATE_KEY: Final = "worker-pod.yaml"
-
-#: The PriorityClass of preemptible training pods. Its value is below the default priority (0),
+#: The value of the PriorityClass of preemptible training pods: below the default priority (0),
 #: so that other pods preempt training first, and not below the cluster autoscaler's default
 #: cut-off for "expendable" pods (-10), so that pending workers still make it add nodes.
-PRIORITY_CLASS: Final = "elastic-allreduce-preemptible"
 PRIORITY_VALUE: Final = -5
 
-#: The namespace's etcd (k8s/base and ``with_etcd``).
-ETCD_NAME: Final = "elastic-allreduce-etcd"
-ETCD_PEER_SERVICE: Final = "elastic-allreduce-etcd-peer"
+#: The image of the namespace's etcd (k8s/base and ``with_etcd``).
 ETCD_IMAGE: Final = "gcr.io/etcd-development/etcd:v3.5.21"
-ETCD_CLIENT_PORT: Final = 2379
-ETCD_PEER_PORT: Final = 2380
-ETCD_LABELS: Final = {NAME_LABEL: "etcd", "app.kubernetes.io/part-of": APP_NAME}
-
-#: Defaults of the kustomize base (the default job).
-DEFAULT_NAMESPACE: Final = "elastic-allreduce"
-DEFAULT_JOB_ID: Final = "elastic-job"
 
 #: Environment variables the launcher pod gets from the downward API, and the worker's Gloo
 #: interface (the pod network's interface in every common CNI).
@@ -68,7 +82,6 @@ POD_ENV: Final = (
     (env.POD_IP, "status.podIP"),
     (env.NAMESPACE, "metadata.namespace"),
 )
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
@@ -113,17 +126,12 @@ class Toleration:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What ``elastic-run k8s render`` turns into manifests; :meth:`validate` checks it."""
+    """What ``elastic-run k8s render`` turns into manifests: the job's options and where and
+    how it runs on the cluster; :meth:`validate` checks it."""
 
     image: str
-    command: tuple[str, ...]
+    job: JobOptions
     namespace: str = DEFAULT_NAMESPACE
-    job_id: str = DEFAULT_JOB_ID
-    workers: int = 2
-    min_workers: int = 1
-    max_workers: int | None = None  # default: workers
-    nproc_per_node: int | None = None  # default: gpus_per_worker, or 1 without GPUs
-    gpus_per_worker: int = 0
     cpu: str = "1"
     memory: str = "2Gi"
     etcd: str | None = None  # default: the namespace's etcd Service
@@ -136,22 +144,16 @@ class JobSpec:
     tolerations: tuple[Toleration, ...] = ()
 
     @property
-    def max_nodes(self) -> int:
-        return self.workers if self.max_workers is None else self.max_workers
-
-    @property
-    def nproc(self) -> int:
-        if self.nproc_per_node is not None:
-            return self.nproc_per_node
-        return max(1, self.gpus_per_worker)
+    def job_id(self) -> str:
+        return self.job.job_id
 
     @property
     def etcd_endpoints(self) -> str:
-        return self.etcd or f"{ETCD_NAME}:{ETCD_CLIENT_PORT}"
+        return self.etcd or default_etcd_endpoints()
 
     def validate(self) -> JobSpec:
         """Return self if every field is usable, else raise ConfigError naming the flag."""
-        validate_job_id(self.job_id)
+        job_options.validate(self.job)
         if not _DNS_LABEL.match(self.namespace):
             raise ConfigError(
                 f"invalid --namespace {self.namespace!r}: use at most 63 lowercase letters, "
@@ -162,30 +164,11 @@ class JobSpec:
                 f"invalid --image {self.image!r}: give an image reference such as "
                 "registry.example.com/elastic-allreduce:0.1.0"
             )
-        if not self.command:
+        checkpoints = self.job.checkpoint_dir
+        if checkpoints is not None and not posixpath.isabs(checkpoints):
             raise ConfigError(
-                "no training command: give it after `--`, e.g. "
-                "`-- python /opt/elastic-allreduce/examples/cnn_digits.py`"
-            )
-        if self.workers < 1 or self.min_workers < 1:
-            raise ConfigError(
-                f"--workers ({self.workers}) and --min-workers ({self.min_workers}) must be at "
-                "least 1"
-            )
-        if not self.min_workers <= self.workers <= self.max_nodes:
-            raise ConfigError(
-                "need --min-workers <= --workers <= --max-workers, got "
-                f"{self.min_workers} <= {self.workers} <= {self.max_nodes}"
-            )
-        if self.gpus_per_worker < 0:
-            raise ConfigError(f"--gpus-per-worker must be 0 or more, got {self.gpus_per_worker}")
-        if self.nproc < 1:
-            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc}")
-        if self.gpus_per_worker and self.nproc > self.gpus_per_worker:
-            raise ConfigError(
-                f"--nproc-per-node {self.nproc} needs as many GPUs per worker, but "
-                f"--gpus-per-worker is {self.gpus_per_worker}: each training process has a GPU "
-                "of its own"
+                f"invalid --checkpoint-dir {checkpoints!r}: on Kubernetes give an absolute path "
+                "on a volume that every worker pod mounts (for example /checkpoints)"
             )
         return self._validate_placement()
 
@@ -218,26 +201,6 @@ class JobSpec:
         return self
 
 
-def job_labels(job_id: str) -> dict[str, str]:
-    """The labels of every object of a job (``delete`` and ``status`` select by JOB_LABEL)."""
-    return {NAME_LABEL: APP_NAME, JOB_LABEL: job_id}
-
-
-def job_selector(job_id: str) -> str:
-    """The label selector of a job's objects, for list and delete calls."""
-    return f"{JOB_LABEL}={job_id}"
-
-
-def launcher_name(job_id: str) -> str:
-    """Name of the launcher's Job, ServiceAccount, Role and RoleBinding."""
-    return f"{job_id}-launcher"
-
-
-def template_name(job_id: str) -> str:
-    """Name of the ConfigMap holding the worker pod template."""
-    return f"{job_id}-worker-template"
-
-
 def _pod_security() -> Manifest:
     return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
 
@@ -249,9 +212,10 @@ def _container_security() -> Manifest:
 def worker_pod(spec: JobSpec) -> Manifest:
     """The worker pod template: the provisioner adds the name, the etcd, job, node and host
     variables, and creates one such pod per worker node."""
+    gpus = spec.job.gpus_per_node
     limits: dict[str, str | int] = {"memory": spec.memory}
-    if spec.gpus_per_worker:
-        limits[GPU_RESOURCE] = spec.gpus_per_worker
+    if gpus:
+        limits[GPU_RESOURCE] = gpus
     pod_spec: Manifest = {
         "restartPolicy": "Never",
         # The agent's graceful leave (SIGTERM: leave the ring at the next commit) takes up to 60 s.
@@ -281,7 +245,7 @@ def worker_pod(spec: JobSpec) -> Manifest:
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     tolerations = list(spec.tolerations)
-    if spec.gpus_per_worker and not any(t.key == GPU_RESOURCE for t in tolerations):
+    if gpus and not any(t.key == GPU_RESOURCE for t in tolerations):
         # GPU node pools are commonly tainted nvidia.com/gpu:NoSchedule; harmless where not.
         tolerations.append(Toleration(GPU_RESOURCE))
     if tolerations:
@@ -289,34 +253,24 @@ def worker_pod(spec: JobSpec) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"labels": {**job_labels(spec.job_id), ROLE_LABEL: "worker"}},
+        "metadata": {"labels": pod_labels(spec.job_id, ROLE_WORKER)},
         "spec": pod_spec,
     }
 
 
 def launcher_args(spec: JobSpec) -> list[str]:
-    """Arguments of ``elastic-run`` in the launcher pod (Kubernetes expands ``$(VAR)``)."""
+    """Arguments of ``elastic-run`` in the launcher pod (Kubernetes expands ``$(VAR)``): Kubernetes
+    mode, then every job flag (:func:`launcher.job_options.to_args`) and the command."""
     return [
         "run",
         "--kubernetes",
         "--worker-template",
-        f"{TEMPLATE_DIR}/{TEMPLATE_KEY}",
+        TEMPLATE_PATH,
         "--namespace",
         f"$({env.NAMESPACE})",
         "--etcd",
         spec.etcd_endpoints,
-        "--job-id",
-        spec.job_id,
-        "--workers",
-        str(spec.workers),
-        "--min-workers",
-        str(spec.min_workers),
-        "--max-workers",
-        str(spec.max_nodes),
-        "--nproc-per-node",
-        str(spec.nproc),
-        "--",
-        *spec.command,
+        *job_options.to_args(spec.job),
     ]
 
 
@@ -331,7 +285,7 @@ def _launcher_job(spec: JobSpec) -> Manifest:
             # a second pod would be refused, so the Job does not retry.
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": {**job_labels(spec.job_id), ROLE_LABEL: "launcher"}},
+                "metadata": {"labels": pod_labels(spec.job_id, ROLE_LAUNCHER)},
                 "spec": {
                     "serviceAccountName": name,
                     "restartPolicy": "Never",
@@ -419,7 +373,7 @@ def _template_config_map(spec: JobSpec) -> Manifest:
 
 def _network_policies(spec: JobSpec) -> list[Manifest]:
     labels = job_labels(spec.job_id)
-    same_job = {"podSelector": {"matchLabels": {JOB_LABEL: spec.job_id}}}
+    job_pods = {"podSelector": {"matchLabels": same_job(spec.job_id)}}
     dns_ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
     return [
         {
@@ -427,15 +381,15 @@ def _network_policies(spec: JobSpec) -> list[Manifest]:
             # ports; everything else is closed in both directions except etcd and DNS.
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": {"name": spec.job_id, "labels": labels},
+            "metadata": {"name": network_policy_name(spec.job_id), "labels": labels},
             "spec": {
-                "podSelector": {"matchLabels": {JOB_LABEL: spec.job_id}},
+                "podSelector": {"matchLabels": same_job(spec.job_id)},
                 "policyTypes": ["Ingress", "Egress"],
-                "ingress": [{"from": [same_job]}],
+                "ingress": [{"from": [job_pods]}],
                 "egress": [
-                    {"to": [same_job]},
+                    {"to": [job_pods]},
                     {
-                        "to": [{"podSelector": {"matchLabels": dict(ETCD_LABELS)}}],
+                        "to": [{"podSelector": {"matchLabels": etcd_labels()}}],
                         "ports": [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}],
                     },
                     {"ports": dns_ports},
@@ -446,9 +400,11 @@ def _network_policies(spec: JobSpec) -> list[Manifest]:
             # The launcher talks to the Kubernetes API, whose address depends on the cluster.
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": {"name": f"{spec.job_id}-launcher-api", "labels": labels},
+            "metadata": {"name": api_policy_name(spec.job_id), "labels": labels},
             "spec": {
-                "podSelector": {"matchLabels": {JOB_LABEL: spec.job_id, ROLE_LABEL: "launcher"}},
+                "podSelector": {
+                    "matchLabels": {**same_job(spec.job_id), ROLE_LABEL: ROLE_LAUNCHER}
+                },
                 "policyTypes": ["Egress"],
                 "egress": [
                     {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
@@ -498,7 +454,7 @@ def etcd(replicas: int = 3, image: str = ETCD_IMAGE) -> list[Manifest]:
         {"name": "client", "port": ETCD_CLIENT_PORT, "targetPort": "client"},
         {"name": "peer", "port": ETCD_PEER_PORT, "targetPort": "peer"},
     ]
-    labels = dict(ETCD_LABELS)
+    labels = etcd_labels()
     return [
         {
             "apiVersion": "v1",

@@ -1,4 +1,4 @@
-"""Worker nodes as Kubernetes pods.
+"""Worker nodes as Kubernetes pods: the provisioner of the launcher's Kubernetes mode.
 
 Each node is one pod named ``<job>-worker-<n>`` (n increasing; a name that already exists is
 skipped), made from a Pod manifest (the worker template) whose first container runs
@@ -13,13 +13,16 @@ the scheduler cannot place yet (Pending, Unschedulable) and which were lost with
 to stop: failed (the agent crashed or was killed), evicted, preempted, or deleted by someone
 else. ``stop_node`` deletes the pod: the kubelet's SIGTERM is the agent's graceful leave, and
 ``terminationGracePeriodSeconds`` of the template bounds it.
+
+Every call goes through the one API client (:class:`launcher.k8s.client.Kube`); its failures
+are :class:`~launcher.k8s.errors.KubernetesApiError` (a ProvisionerError), and a worker template
+that the API rejects is a :class:`~launcher.k8s.errors.KubernetesConfigError`.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import json
 import logging
 import threading
 import time
@@ -27,22 +30,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import kubernetes
-import pydantic
-import urllib3
-
 from elastic_allreduce import env
-from elastic_allreduce.errors import ConfigError, KubernetesApiError
+from launcher.k8s.client import KINDS, Kube, Watch
+from launcher.k8s.errors import (
+    KubernetesApiError,
+    KubernetesConfigError,
+    KubernetesConflictError,
+    KubernetesNotFoundError,
+)
+from launcher.k8s.naming import (
+    GPU_RESOURCE,
+    ROLE_WORKER,
+    pod_labels,
+    worker_pod_name,
+    worker_selector,
+)
 from launcher.provisioners.api import NodeStates, Provisioner
 
 log = logging.getLogger(__name__)
 
-APP_LABEL: Final = "app.kubernetes.io/name"
-APP_NAME: Final = "elastic-allreduce"
-JOB_LABEL: Final = "elastic-allreduce/job"
-ROLE_LABEL: Final = "elastic-allreduce/role"
-GPU_RESOURCE: Final = "nvidia.com/gpu"
 _MAX_NAME_ATTEMPTS: Final = 1000
+_POD: Final = KINDS["Pod"]
 
 Pod = dict[str, Any]
 
@@ -68,7 +76,7 @@ class KubernetesSettings:
 
     @property
     def selector(self) -> str:
-        return f"{JOB_LABEL}={self.job_id},{ROLE_LABEL}=worker"
+        return worker_selector(self.job_id)
 
 
 @dataclass
@@ -82,51 +90,6 @@ class _PodState:
     gone: bool = False
     disruption: str | None = None
     last: Pod = field(default_factory=dict)
-
-
-def api_error(exc: BaseException, verb: str, resource: str, namespace: str) -> KubernetesApiError:
-    """The project's error for a failed Kubernetes call, saying what is wrong and what to do."""
-    if isinstance(exc, kubernetes.client.exceptions.ApiException):
-        status = int(exc.status or 0)
-        detail = _status_message(exc)
-        where = f"{resource} in namespace {namespace!r}"
-        if status == 401:
-            message = (
-                f"the Kubernetes API rejected the credentials to {verb} {where} (401 "
-                f"Unauthorized: {detail}); check the service account token or kubeconfig"
-            )
-        elif status == 403:
-            message = (
-                f"RBAC forbids the launcher to {verb} {where} (403 Forbidden: {detail}); the "
-                "Role in k8s/ grants it: apply k8s/ (kubectl apply -k k8s/) and run the launcher "
-                "with that Role's service account"
-            )
-        elif status == 404:
-            message = (
-                f"cannot {verb} {where}: not found (404: {detail}); check --namespace and that "
-                "the namespace exists"
-            )
-        else:
-            message = f"the Kubernetes API failed to {verb} {where} ({status}: {detail})"
-        return KubernetesApiError(message, status)
-    return KubernetesApiError(
-        f"cannot reach the Kubernetes API to {verb} {resource} in namespace {namespace!r}: "
-        f"{exc}; check the in-cluster configuration, kubeconfig or --kube-api"
-    )
-
-
-def _status_message(exc: kubernetes.client.exceptions.ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        return str(exc.reason)
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return str(exc.reason)
-
-
-#: What a failed call raises besides ApiException: the connection, not the server, failed.
-CONNECTION_ERRORS: Final = (urllib3.exceptions.HTTPError, OSError)
 
 
 class _WatchExpiredError(Exception):
@@ -162,14 +125,10 @@ def describe_loss(pod: Pod, deleted: bool) -> str:
 class KubernetesProvisioner(Provisioner):
     """Runs each node as a pod (see the module docstring)."""
 
-    def __init__(
-        self, settings: KubernetesSettings, api_client: kubernetes.client.ApiClient
-    ) -> None:
+    def __init__(self, settings: KubernetesSettings, kube: Kube) -> None:
         _check_template(settings.worker_template)
         self.settings = settings
-        # Typed as Any: pods are handled as plain JSON dicts (the manifest's own shape), not as
-        # the client's models, so list results are read raw (_preload_content=False).
-        self._core: Any = kubernetes.client.CoreV1Api(api_client)
+        self._kube = kube
         self._lock = threading.Lock()
         self._numbers = itertools.count()
         self._pods: dict[str, _PodState] = {}
@@ -177,8 +136,8 @@ class KubernetesProvisioner(Provisioner):
         self._listeners: list[Callable[[], None]] = []
         self._resource_version: str | None = None
         self._stop = threading.Event()
-        #: The open watch response (shut down by close() to end the watch at once).
-        self._response: Any = None
+        #: The open watch (closed by close() to end it at once).
+        self._watch: Watch | None = None
         self._watcher: threading.Thread | None = None
         self._closed = False
         #: The last error of the watch thread (for logs and tests); None after a success.
@@ -230,9 +189,9 @@ class KubernetesProvisioner(Provisioner):
         finally:
             self._stop.set()
             with self._lock:
-                response = self._response
-            if response is not None:
-                response.shutdown()
+                watch = self._watch
+            if watch is not None:
+                watch.close()
             if self._watcher is not None:
                 self._watcher.join(timeout=10)
 
@@ -267,9 +226,7 @@ class KubernetesProvisioner(Provisioner):
         metadata["namespace"] = settings.namespace
         metadata["labels"] = {
             **(metadata.get("labels") or {}),
-            APP_LABEL: APP_NAME,
-            JOB_LABEL: settings.job_id,
-            ROLE_LABEL: "worker",
+            **pod_labels(settings.job_id, ROLE_WORKER),
         }
         if settings.launcher_pod_name and settings.launcher_pod_uid:
             metadata["ownerReferences"] = [
@@ -308,34 +265,28 @@ class KubernetesProvisioner(Provisioner):
     def _create_pod(self) -> str:
         settings = self.settings
         for _ in range(_MAX_NAME_ATTEMPTS):
-            name = f"{settings.job_id}-worker-{next(self._numbers)}"
+            name = worker_pod_name(settings.job_id, next(self._numbers))
             with self._lock:
                 if name in self._pods:
                     continue
                 # Known before the create returns: the watch may report it first.
                 self._pods[name] = _PodState(name, created_here=True)
             try:
-                self._core.create_namespaced_pod(settings.namespace, self.worker_pod(name))
-            except pydantic.ValidationError as exc:
+                self._kube.create(self.worker_pod(name))
+            except KubernetesConflictError:
                 with self._lock:
                     del self._pods[name]
-                raise ConfigError(
-                    f"the worker template is not a valid Pod manifest: {exc}; fix the fields "
-                    "named above (`kubectl apply --dry-run=server -f FILE` checks a manifest)"
-                ) from exc
-            except kubernetes.client.exceptions.ApiException as exc:
+                log.info("[%s] pod %s already exists; trying the next name", settings.job_id, name)
+                continue
+            except KubernetesApiError as exc:
                 with self._lock:
                     del self._pods[name]
-                if exc.status == 409:
-                    log.info(
-                        "[%s] pod %s already exists; trying the next name", settings.job_id, name
-                    )
-                    continue
-                raise api_error(exc, "create", "pods", settings.namespace) from exc
-            except CONNECTION_ERRORS as exc:
-                with self._lock:
-                    del self._pods[name]
-                raise api_error(exc, "create", "pods", settings.namespace) from exc
+                if exc.status in (400, 422):
+                    raise KubernetesConfigError(
+                        f"the worker template is not a valid Pod manifest: {exc}; fix the fields "
+                        "named above (`kubectl apply --dry-run=server -f FILE` checks a manifest)"
+                    ) from exc
+                raise
             with self._lock:
                 self._pods[name].confirmed = True
             log.info("[%s] created pod %s", settings.job_id, name)
@@ -348,35 +299,23 @@ class KubernetesProvisioner(Provisioner):
 
     def _delete(self, name: str) -> None:
         try:
-            self._core.delete_namespaced_pod(name, self.settings.namespace)
-        except kubernetes.client.exceptions.ApiException as exc:
-            if exc.status == 404:
-                with self._lock:
-                    self._pods[name].gone = True
-                return
-            raise api_error(exc, "delete", "pods", self.settings.namespace) from exc
-        except CONNECTION_ERRORS as exc:
-            raise api_error(exc, "delete", "pods", self.settings.namespace) from exc
+            self._kube.delete(_POD, name, self.settings.namespace)
+        except KubernetesNotFoundError:
+            with self._lock:
+                self._pods[name].gone = True
+            return
         log.info("[%s] deleted pod %s", self.settings.job_id, name)
 
-    def _list(self) -> dict[str, Any]:
-        response = self._core.list_namespaced_pod(
-            self.settings.namespace,
-            label_selector=self.settings.selector,
-            _preload_content=False,
-        )
-        listed = json.loads(response.data)
-        if not isinstance(listed, dict):
-            raise KubernetesApiError(f"the pod list is not a JSON object: {listed!r:.200}")
-        return listed
+    def _list(self) -> tuple[list[Pod], str]:
+        return self._kube.list_with_version(_POD, self.settings.namespace, self.settings.selector)
 
     def _still_there(self, names: list[str]) -> list[str]:
         """Without a watch: which of ``names`` still exist (one list call)."""
         try:
-            listed = self._list()
-        except (kubernetes.client.exceptions.ApiException, *CONNECTION_ERRORS):
+            items, _ = self._list()
+        except KubernetesApiError:
             return names
-        present = {item["metadata"]["name"] for item in listed["items"]}
+        present = {item["metadata"]["name"] for item in items}
         return [n for n in names if n in present]
 
     # -- the watch ---------------------------------------------------------------------------------
@@ -396,12 +335,13 @@ class KubernetesProvisioner(Provisioner):
     def _relist(self) -> None:
         settings = self.settings
         try:
-            listed = self._list()
-        except kubernetes.client.exceptions.ApiException as exc:
-            raise api_error(exc, "list", "pods", settings.namespace) from exc
-        except CONNECTION_ERRORS as exc:
-            raise api_error(exc, "list", "pods", settings.namespace) from exc
-        present = {item["metadata"]["name"]: item for item in listed.get("items") or []}
+            items, version = self._list()
+        except KubernetesNotFoundError as exc:
+            raise KubernetesNotFoundError(
+                f"{exc}; check --namespace {settings.namespace!r} and that the namespace exists",
+                exc.status,
+            ) from exc
+        present = {item["metadata"]["name"]: item for item in items}
         with self._lock:
             self.relists += 1
             for name, pod in present.items():
@@ -409,7 +349,7 @@ class KubernetesProvisioner(Provisioner):
             for name, state in self._pods.items():
                 if name not in present and not state.gone and state.confirmed:
                     self._observe_locked(name, state.last, deleted=True)
-            self._resource_version = str(listed["metadata"]["resourceVersion"])
+            self._resource_version = version
         self._notify()
 
     def _watch_loop(self) -> None:
@@ -427,12 +367,8 @@ class KubernetesProvisioner(Provisioner):
                 log.info("[%s] pod watch expired (%s); re-listing", settings.job_id, exc)
                 self._resource_version = None
                 continue
-            except kubernetes.client.exceptions.ApiException as exc:
-                error = api_error(exc, "watch", "pods", settings.namespace)
             except KubernetesApiError as exc:
                 error = exc
-            except (*CONNECTION_ERRORS, ValueError) as exc:
-                error = api_error(exc, "watch", "pods", settings.namespace)
             if self._stop.is_set():
                 return
             self.watch_error = error
@@ -443,42 +379,31 @@ class KubernetesProvisioner(Provisioner):
     def _watch_once(self) -> None:
         """One watch request from the last resourceVersion, until the server ends it.
 
-        The stream is read as JSON lines (no model classes): ADDED/MODIFIED/DELETED update the
-        pods, BOOKMARK only the resourceVersion, an ERROR with code 410 means the version is
-        too old (re-list), any other ERROR is a failure.
+        ADDED/MODIFIED/DELETED update the pods, BOOKMARK only the resourceVersion, an ERROR
+        with code 410 means the version is too old (re-list), any other ERROR is a failure.
         """
         settings = self.settings
-        response = self._core.list_namespaced_pod(
+        watch = self._kube.watch(
+            _POD,
             settings.namespace,
-            label_selector=settings.selector,
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=self._resource_version,
-            timeout_seconds=settings.watch_timeout,
-            _preload_content=False,
+            settings.selector,
+            self._resource_version or "",
+            settings.watch_timeout,
         )
         with self._lock:
-            self._response = response
+            self._watch = watch
         try:
-            if self._stop.is_set():
-                return
-            pending = b""
-            for chunk in response.stream(65536):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        self._on_watch_event(json.loads(line))
+            with watch:
+                if self._stop.is_set():
+                    return
+                for event in watch:
+                    self._on_watch_event(event)
         finally:
             with self._lock:
-                self._response = None
-            response.release_conn()
+                self._watch = None
 
-    def _on_watch_event(self, event: object) -> None:
-        kind = event.get("type") if isinstance(event, dict) else None
-        obj = event.get("object") if isinstance(event, dict) else None
-        if not isinstance(obj, dict):
-            raise ValueError(f"malformed watch event: {event!r:.200}")
+    def _on_watch_event(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event["object"]
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise _WatchExpiredError(str(obj.get("message") or "410 Gone"))
@@ -536,11 +461,12 @@ class KubernetesProvisioner(Provisioner):
 
 
 def _check_template(template: Mapping[str, Any]) -> None:
+    """Refuse, before any pod is made, a worker template that is not a Pod with a container."""
     kind = template.get("kind", "Pod")
     spec = template.get("spec")
     containers = spec.get("containers") if isinstance(spec, dict) else None
     if kind != "Pod" or not isinstance(containers, list) or not containers:
-        raise ConfigError(
+        raise KubernetesConfigError(
             "the worker template must be a Pod manifest (kind: Pod) with at least one container "
             f"in spec.containers, got kind {kind!r} with "
             f"{len(containers) if isinstance(containers, list) else 'no'} containers"

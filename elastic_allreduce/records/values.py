@@ -1,0 +1,495 @@
+"""One frozen record type per value stored under a job's prefix (see :mod:`.keys` for where).
+
+Every record has ``to_json()`` (the payload inside the store's envelope, see
+:mod:`elastic_allreduce.codec`) and ``from_json(key, value)``, which raises
+:class:`~elastic_allreduce.errors.MalformedValueError` naming the key and what is wrong. Values
+come from the network: they are parsed field by field, never trusted. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import signal as signals
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, TypeAlias, TypeVar
+
+from elastic_allreduce.codec import JsonValue
+from elastic_allreduce.errors import MalformedValueError
+from elastic_allreduce.records.keys import split_slot
+from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
+
+#: Exit code of a training process that was not admitted to any epoch (not a crash).
+NOT_ADMITTED_EXIT_CODE: Final = 75
+
+Scalar: TypeAlias = bool | int | float | str
+
+
+class JobPhase(str, enum.Enum):
+    """The job's phase at ``status/job``."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self is not JobPhase.RUNNING
+
+
+class ProcPhase(str, enum.Enum):
+    """Where a training process is (``procs/<slot>``)."""
+
+    #: Registered; importing TensorFlow and Horovod, then waiting for its first epoch.
+    STARTING = "starting"
+    #: Admitted to an epoch; the user's script runs.
+    TRAINING = "training"
+    #: The script ended successfully; the interpreter is shutting down (its lease may lapse).
+    FINISHED = "finished"
+
+
+class EpochCause(str, enum.Enum):
+    """Why a ring epoch was formed."""
+
+    #: The job's first epoch.
+    START = "start"
+    #: A member died or its collective failed: members roll back to their last commit.
+    FAILURE = "failure"
+    #: A member joined or left gracefully: members reset at their next commit.
+    RESIZE = "resize"
+
+
+class RingState(str, enum.Enum):
+    """Whether a ring epoch is waiting for its members or training."""
+
+    #: Decided, but not every member has asked for its rank yet: nobody entered Gloo.
+    FORMING = "forming"
+    #: Every member received its rank; collectives of this epoch may run.
+    RUNNING = "running"
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+class _Fields:
+    """Typed reads of one JSON object's fields; every failure is a MalformedValueError."""
+
+    def __init__(self, key: str, value: JsonValue, what: str) -> None:
+        if not isinstance(value, dict):
+            raise MalformedValueError(key, f"{what} must be a JSON object, got {_short(value)}")
+        self.key = key
+        self.value = value
+        self.what = what
+
+    def _bad(self, name: str, expected: str) -> MalformedValueError:
+        got = _short(self.value[name]) if name in self.value else "nothing"
+        return MalformedValueError(
+            self.key, f"{self.what}: field {name!r} must be {expected}, got {got}"
+        )
+
+    def has(self, name: str) -> bool:
+        return self.value.get(name) is not None
+
+    def integer(self, name: str, *, minimum: int | None = None) -> int:
+        raw = self.value.get(name)
+        if not isinstance(raw, int) or isinstance(raw, bool):
+            raise self._bad(name, "an integer")
+        if minimum is not None and raw < minimum:
+            raise self._bad(name, f"an integer >= {minimum}")
+        return raw
+
+    def opt_integer(self, name: str, *, minimum: int | None = None) -> int | None:
+        return self.integer(name, minimum=minimum) if self.has(name) else None
+
+    def number(self, name: str, default: float) -> float:
+        raw = self.value.get(name, default)
+        if not isinstance(raw, (int, float)) or isinstance(raw, bool) or not math.isfinite(raw):
+            raise self._bad(name, "a finite number")
+        return float(raw)
+
+    def text(self, name: str) -> str:
+        raw = self.value.get(name)
+        if not isinstance(raw, str):
+            raise self._bad(name, "a string")
+        return raw
+
+    def opt_text(self, name: str) -> str | None:
+        return self.text(name) if self.has(name) else None
+
+    def flag(self, name: str) -> bool:
+        raw = self.value.get(name, False)
+        if not isinstance(raw, bool):
+            raise self._bad(name, "true or false")
+        return raw
+
+    def strings(self, name: str, *, default: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        if name not in self.value and default is not None:
+            return default
+        raw = self.value.get(name)
+        if not isinstance(raw, list) or not all(isinstance(item, str) for item in raw):
+            raise self._bad(name, "a list of strings")
+        return tuple(str(item) for item in raw)
+
+    def enum(self, name: str, kind: type[_E], default: _E | None = None) -> _E:
+        if name not in self.value and default is not None:
+            return default
+        raw = self.value.get(name)
+        try:
+            return kind(raw)
+        except ValueError:
+            choices = ", ".join(repr(member.value) for member in kind)
+            raise self._bad(name, f"one of {choices}") from None
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass(frozen=True)
+class LeaderRecord:
+    """``launcher/leader``: the leading launcher's rendezvous (None while it starts)."""
+
+    rendezvous: str | None
+
+    def to_json(self) -> JsonValue:
+        return {"rendezvous": self.rendezvous}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> LeaderRecord:
+        fields = _Fields(key, value, "the leader record")
+        return cls(fields.opt_text("rendezvous"))
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What the user asked of the ring; part of ``config/job`` so a launcher can read it back."""
+
+    min_workers: int
+    max_workers: int
+    nproc_per_node: int
+    max_restarts: int
+    #: Seconds the job may stay below min_workers before it fails.
+    wait_timeout: float = 60.0
+    #: Seconds the first epoch waits for every initial worker before starting with >= min.
+    start_grace: float = 10.0
+    #: Seconds a member of a failed epoch may stay silent before it is killed and replaced.
+    stuck_timeout: float = 5.0
+    #: Seconds members of a resize epoch have to reach their next commit before it is treated
+    #: as a failure (their collectives are then interrupted).
+    resize_timeout: float = 60.0
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {
+            "min_workers": self.min_workers,
+            "max_workers": self.max_workers,
+            "nproc_per_node": self.nproc_per_node,
+            "max_restarts": self.max_restarts,
+            "wait_timeout": self.wait_timeout,
+            "start_grace": self.start_grace,
+            "stuck_timeout": self.stuck_timeout,
+            "resize_timeout": self.resize_timeout,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> JobSettings:
+        fields = _Fields(key, value, "the job settings")
+        settings = cls(
+            min_workers=fields.integer("min_workers", minimum=1),
+            max_workers=fields.integer("max_workers", minimum=1),
+            nproc_per_node=fields.integer("nproc_per_node", minimum=1),
+            max_restarts=fields.integer("max_restarts", minimum=0),
+            wait_timeout=fields.number("wait_timeout", 60.0),
+            start_grace=fields.number("start_grace", 10.0),
+            stuck_timeout=fields.number("stuck_timeout", 5.0),
+            resize_timeout=fields.number("resize_timeout", 60.0),
+        )
+        if settings.min_workers > settings.max_workers:
+            raise MalformedValueError(
+                key,
+                f"min_workers {settings.min_workers} is above max_workers {settings.max_workers}",
+            )
+        return settings
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """``config/job``: the job's settings, its training command and checkpoint directory."""
+
+    settings: JobSettings
+    command: tuple[str, ...]
+    checkpoint_dir: str | None = None
+
+    def to_json(self) -> JsonValue:
+        return {
+            **self.settings.to_json(),
+            "command": list(self.command),
+            "checkpoint_dir": self.checkpoint_dir,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> JobConfig:
+        fields = _Fields(key, value, "the job configuration")
+        command = fields.strings("command")
+        if not command:
+            raise MalformedValueError(key, "the job configuration has an empty command")
+        return cls(JobSettings.from_json(key, value), command, fields.opt_text("checkpoint_dir"))
+
+
+@dataclass(frozen=True)
+class ScaleTarget:
+    """``config/target``: the number of worker nodes asked for with ``elastic-run scale``."""
+
+    workers: int
+
+    def to_json(self) -> JsonValue:
+        return {"workers": self.workers}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> ScaleTarget:
+        return cls(_Fields(key, value, "the scale target").integer("workers", minimum=0))
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    """``members/<node>``: a live node, under its agent's lease."""
+
+    host: str
+    slots: int
+    pid: int | None = None
+    #: The node is leaving gracefully (SIGTERM to its agent, or a scale-down).
+    leaving: bool = False
+
+    def to_json(self) -> JsonValue:
+        return {"host": self.host, "slots": self.slots, "pid": self.pid, "leaving": self.leaving}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> MemberRecord:
+        fields = _Fields(key, value, "the member record")
+        return cls(
+            fields.text("host"),
+            fields.integer("slots", minimum=1),
+            fields.opt_integer("pid", minimum=1),
+            fields.flag("leaving"),
+        )
+
+
+@dataclass(frozen=True)
+class ProcRecord:
+    """``procs/<slot>``: a live training process, under its own lease."""
+
+    pid: int
+    incarnation: int
+    phase: ProcPhase
+    lease: int | None = None
+    #: The first ring epoch it was admitted to (TRAINING and later).
+    epoch: int | None = None
+
+    def to_json(self) -> JsonValue:
+        return {
+            "pid": self.pid,
+            "incarnation": self.incarnation,
+            "phase": self.phase.value,
+            "lease": self.lease,
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> ProcRecord:
+        fields = _Fields(key, value, "the process record")
+        return cls(
+            fields.integer("pid", minimum=1),
+            fields.integer("incarnation", minimum=1),
+            fields.enum("phase", ProcPhase),
+            fields.opt_integer("lease"),
+            fields.opt_integer("epoch", minimum=0),
+        )
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """``exits/<slot>/<incarnation>``: how a process ended, as its agent saw it."""
+
+    code: int | None
+    signal: int | None
+    tail: tuple[str, ...] = ()
+
+    @classmethod
+    def from_returncode(cls, returncode: int, tail: tuple[str, ...] = ()) -> ExitRecord:
+        """From :attr:`subprocess.Popen.returncode` (negative: killed by that signal)."""
+        if returncode < 0:
+            return cls(None, -returncode, tail)
+        return cls(returncode, None, tail)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.code == 0
+
+    def describe(self) -> str:
+        """``exit code 3``, ``killed by SIGKILL`` or ``not admitted``."""
+        if self.signal is not None:
+            try:
+                return f"killed by {signals.Signals(self.signal).name}"
+            except ValueError:
+                return f"killed by signal {self.signal}"
+        if self.code == NOT_ADMITTED_EXIT_CODE:
+            return "not admitted"
+        return f"exit code {self.code}"
+
+    def to_json(self) -> JsonValue:
+        return {"code": self.code, "signal": self.signal, "tail": list(self.tail)}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> ExitRecord:
+        fields = _Fields(key, value, "the exit record")
+        code, signal = fields.opt_integer("code"), fields.opt_integer("signal", minimum=1)
+        if (code is None) == (signal is None):
+            raise MalformedValueError(key, "an exit record has either a code or a signal")
+        return cls(code, signal, fields.strings("tail", default=()))
+
+
+@dataclass(frozen=True)
+class Directive:
+    """``directives/<node>``: the incarnation each slot of the node must run (absent: stop it)."""
+
+    incarnations: tuple[tuple[int, int], ...]
+
+    def get(self, index: int) -> int:
+        """The incarnation slot ``index`` must run; 0: none (stop it)."""
+        return dict(self.incarnations).get(index, 0)
+
+    def to_json(self) -> JsonValue:
+        return {"slots": {str(index): incarnation for index, incarnation in self.incarnations}}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> Directive:
+        slots = _Fields(key, value, "the directive").value.get("slots")
+        if not isinstance(slots, dict):
+            raise MalformedValueError(key, "a directive's 'slots' must be an object")
+        pairs = []
+        for index, incarnation in slots.items():
+            if not index.isdigit() or not isinstance(incarnation, int) or incarnation < 1:
+                raise MalformedValueError(
+                    key,
+                    f"directive entry {index!r}: {_short(incarnation)}: expected a slot index "
+                    "and an incarnation >= 1",
+                )
+            pairs.append((int(index), incarnation))
+        return cls(tuple(sorted(pairs)))
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """``status/job``: the job's phase, and why it ended."""
+
+    phase: JobPhase
+    reason: str | None = None
+
+    def to_json(self) -> JsonValue:
+        return {"phase": self.phase.value, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> JobStatus:
+        fields = _Fields(key, value, "the job status")
+        return cls(fields.enum("phase", JobPhase), fields.opt_text("reason"))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """``status/progress``: the last commit, as rank 0 reported it (the state's scalar
+    attributes, such as ``step`` and ``epoch``, and the ring size)."""
+
+    attributes: tuple[tuple[str, Scalar], ...]
+    size: int | None = None
+
+    @classmethod
+    def of(cls, attributes: Mapping[str, object], size: int | None) -> Progress:
+        """The scalar attributes of a state (others are not reported)."""
+        kept = sorted(
+            (name, value)
+            for name, value in attributes.items()
+            if isinstance(value, (bool, int, float, str)) and name != "size"
+        )
+        return cls(tuple(kept), size)
+
+    def get(self, name: str) -> Scalar | None:
+        return dict(self.attributes).get(name)
+
+    def to_json(self) -> JsonValue:
+        return {**dict(self.attributes), "size": self.size}
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> Progress:
+        fields = _Fields(key, value, "the progress record")
+        attributes = {
+            name: item
+            for name, item in fields.value.items()
+            if name != "size" and isinstance(item, (bool, int, float, str))
+        }
+        return cls.of(attributes, fields.opt_integer("size", minimum=1))
+
+
+@dataclass(frozen=True)
+class Ring:
+    """``ring``: one ring epoch, written by compare-and-swap.
+
+    Its rank order is the order of ``slots``: survivors keep their relative order and newcomers
+    are appended, so rank 0 is always the oldest survivor, whose committed state the others
+    receive.
+    """
+
+    epoch: int
+    slots: tuple[str, ...]
+    state: RingState
+    rendezvous: str
+    #: Slots of a FORMING epoch that have not asked for their rank yet.
+    waiting: tuple[str, ...] = field(default=())
+    cause: EpochCause = EpochCause.START
+
+    def assignment(self, slot: str) -> SlotAssignment:
+        """The slot's ranks in this epoch; REMOVED when it is not a member."""
+        if slot not in self.slots:
+            return REMOVED
+        rank = self.slots.index(slot)
+        size = len(self.slots)
+        return SlotAssignment(rank=rank, size=size, cross_rank=rank, cross_size=size)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The member nodes, in rank order of their first slot."""
+        seen: dict[str, None] = {}
+        for slot in self.slots:
+            seen.setdefault(split_slot(slot)[0], None)
+        return tuple(seen)
+
+    def to_json(self) -> JsonValue:
+        return {
+            "epoch": self.epoch,
+            "slots": list(self.slots),
+            "state": self.state.value,
+            "rendezvous": self.rendezvous,
+            "waiting": list(self.waiting),
+            "cause": self.cause.value,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> Ring:
+        fields = _Fields(key, value, "the ring")
+        slots = fields.strings("slots")
+        waiting = fields.strings("waiting", default=())
+        for slot in (*slots, *waiting):
+            try:
+                split_slot(slot)
+            except ValueError as exc:
+                raise MalformedValueError(key, f"the ring: {exc}") from None
+        if len(set(slots)) != len(slots):
+            raise MalformedValueError(key, f"the ring lists a slot twice: {list(slots)}")
+        return cls(
+            fields.integer("epoch", minimum=1),
+            slots,
+            fields.enum("state", RingState),
+            fields.text("rendezvous"),
+            waiting,
+            fields.enum("cause", EpochCause, EpochCause.START),
+        )

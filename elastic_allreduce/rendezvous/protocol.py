@@ -1,0 +1,146 @@
+"""The rendezvous protocol between the launcher's HTTP server and the training processes.
+
+The launcher serves Horovod's rendezvous (``launcher/rendezvous.py``) and answers, besides
+Gloo's own key-value scopes:
+
+* ``GET /rank_and_size/<slot>:0`` -- Horovod's elastic re-initialisation after a reset. Held
+  open until the slot's next epoch starts; the reply is six comma-separated ints (rank, size,
+  local rank, local size, cross rank, cross size), all -1 when the slot is not admitted.
+* ``GET /elastic_ready/<slot>`` -- the same barrier for a fresh process; the reply is the epoch
+  followed by the six ints: ``"<epoch>,<rank>,<size>,..."``.
+* ``GET /elastic_epoch/<slot>`` -- the epoch the slot was last admitted to: ``"<epoch>"``.
+* ``PUT /worker_addresses/<slot>:0`` -- a worker's notification service address.
+
+This module owns the scope names, the request keys, the reply encodings and the URLs (with
+brackets for IPv6 addresses); the server and the clients both use it. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass
+from typing import Final
+
+from elastic_allreduce.errors import ProtocolError
+from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
+
+RANK_AND_SIZE: Final = "rank_and_size"
+ELASTIC_READY: Final = "elastic_ready"
+ELASTIC_EPOCH: Final = "elastic_epoch"
+WORKER_ADDRESSES: Final = "worker_addresses"
+
+#: Horovod names a worker ``<hostname>:<local rank>``; every slot is a host with local rank 0.
+_LOCAL_RANK_SUFFIX: Final = ":0"
+
+
+class WaitKind(str, enum.Enum):
+    """How a slot waits at the readiness barrier."""
+
+    #: A running member re-initialising after a reset (``rank_and_size``).
+    RESET = "reset"
+    #: A fresh process waiting for its first epoch (``elastic_ready``).
+    FRESH = "fresh"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A slot's answer at the barrier: its ranks in ``epoch`` (REMOVED: not admitted)."""
+
+    epoch: int
+    assignment: SlotAssignment
+
+    @property
+    def admitted(self) -> bool:
+        return self.assignment.rank >= 0
+
+
+def worker_key(slot: str) -> str:
+    """The key Horovod uses for a slot's requests (``<slot>:0``)."""
+    return slot + _LOCAL_RANK_SUFFIX
+
+
+def slot_of_worker_key(key: str) -> str:
+    """The slot of a Horovod worker key (``<slot>:<local rank>``)."""
+    return key.rsplit(":", 1)[0]
+
+
+def encode_assignment(assignment: SlotAssignment) -> bytes:
+    """The ``rank_and_size`` reply Horovod's elastic re-initialisation parses."""
+    return ",".join(str(v) for v in assignment.as_tuple()).encode("ascii")
+
+
+def decode_assignment(body: bytes) -> SlotAssignment:
+    """Parse a ``rank_and_size`` reply; ProtocolError when it is not six ints."""
+    values = _ints(body, "rank_and_size", 6)
+    return SlotAssignment(*values)
+
+
+def encode_admission(admission: Admission) -> bytes:
+    """The ``elastic_ready`` reply: the epoch, then the six ints."""
+    return f"{admission.epoch},".encode("ascii") + encode_assignment(admission.assignment)
+
+
+def decode_admission(body: bytes) -> Admission:
+    """Parse an ``elastic_ready`` reply; ProtocolError when it is not seven ints."""
+    epoch, *values = _ints(body, "elastic_ready", 7)
+    assignment = SlotAssignment(*values)
+    return Admission(epoch, REMOVED if assignment.rank < 0 else assignment)
+
+
+def encode_epoch(epoch: int) -> bytes:
+    """The ``elastic_epoch`` reply."""
+    return str(epoch).encode("ascii")
+
+
+def decode_epoch(body: bytes) -> int:
+    """Parse an ``elastic_epoch`` reply; ProtocolError when it is not one int."""
+    return _ints(body, "elastic_epoch", 1)[0]
+
+
+def _ints(body: bytes, what: str, count: int) -> list[int]:
+    try:
+        values = [int(part) for part in body.decode("ascii").split(",")]
+    except (UnicodeDecodeError, ValueError):
+        values = []
+    if len(values) != count:
+        raise ProtocolError(f"bad {what} reply {body[:80]!r}: expected {count} integers")
+    return values
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with brackets around an IPv6 address (``[::1]:2379``)."""
+    return f"[{host}]:{port}" if _is_ipv6(host) else f"{host}:{port}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``host:port`` or ``[v6]:port``; ProtocolError when malformed."""
+    host, sep, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProtocolError(f"bad address {address!r}: expected HOST:PORT or [IPV6]:PORT")
+    return host, int(port)
+
+
+def base_url(address: str) -> str:
+    """``http://host:port`` of a rendezvous address (as stored: ``host:port``)."""
+    host, port = split_host_port(address)
+    return f"http://{host_port(host, port)}"
+
+
+def ready_url(address: str, slot: str) -> str:
+    """Where a fresh process waits for its first epoch."""
+    return f"{base_url(address)}/{ELASTIC_READY}/{slot}"
+
+
+def epoch_url(address: str, slot: str) -> str:
+    """Where a process asks which epoch it was last admitted to."""
+    return f"{base_url(address)}/{ELASTIC_EPOCH}/{slot}"
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+    except ValueError:
+        return False

@@ -1,0 +1,268 @@
+"""The options of one elastic job, defined once for every command that starts a job.
+
+``elastic-run run`` (locally or with ``--kubernetes``) and ``elastic-run k8s render|submit``
+take the same job flags, with the same names, defaults, help and checks, from here:
+
+- :func:`add_job_flags` adds them to a parser (one argument group, "job options"), and
+  :func:`add_command` the training command after ``--``;
+- :func:`from_args` reads them back as a :class:`JobOptions` (defaults resolved), and
+  :func:`validate` checks one, raising a ConfigError that names the flag and the values;
+- :func:`job_settings` gives the launcher's :class:`JobSettings`;
+- :func:`to_args` writes the flags that parse back to the same options: the launcher Job's
+  ``elastic-run run --kubernetes`` command line is made with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.records.keys import validate_job_id
+from elastic_allreduce.records.values import JobSettings
+
+DEFAULT_WORKERS: Final = 2
+DEFAULT_MIN_WORKERS: Final = 1
+DEFAULT_GPUS_PER_NODE: Final = 0
+DEFAULT_MAX_RESTARTS: Final = 3
+DEFAULT_WAIT_TIMEOUT: Final = 60.0
+
+#: Title of the argument group of the job flags in every command's --help.
+GROUP_TITLE: Final = "job options"
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What the user asked of one job, every default resolved (see the flags' help)."""
+
+    #: The training command every training process runs (a Python script and its arguments).
+    command: tuple[str, ...]
+    job_id: str
+    workers: int
+    min_workers: int
+    max_workers: int
+    nproc_per_node: int
+    #: GPUs per worker node; 0: none asked for (on Kubernetes: as the worker template says).
+    gpus_per_node: int
+    max_restarts: int
+    wait_timeout: float
+    checkpoint_dir: str | None
+
+
+def new_job_id() -> str:
+    """A fresh job id, for a job started without --job-id."""
+    return f"job-{secrets.token_hex(3)}"
+
+
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the job flags to ``parser``, as one argument group of its --help."""
+    group = parser.add_argument_group(
+        GROUP_TITLE,
+        "the same for `elastic-run run` (local or --kubernetes) and `elastic-run k8s "
+        "render|submit`",
+    )
+    group.add_argument(
+        "--job-id",
+        metavar="NAME",
+        help="the job's id: 1-40 lowercase letters, digits and '-' (default: a new one)",
+    )
+    group.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        metavar="N",
+        help=f"worker nodes to start with (default {DEFAULT_WORKERS})",
+    )
+    group.add_argument(
+        "--min-workers",
+        type=int,
+        default=DEFAULT_MIN_WORKERS,
+        metavar="N",
+        help=f"fewest worker nodes to train with (default {DEFAULT_MIN_WORKERS})",
+    )
+    group.add_argument(
+        "--max-workers", type=int, metavar="N", help="most worker nodes (default --workers)"
+    )
+    group.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="K",
+        help="training processes per worker node (default: --gpus-per-node, or 1 without GPUs)",
+    )
+    group.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=DEFAULT_GPUS_PER_NODE,
+        metavar="G",
+        help="GPUs per worker node, one per training process; on Kubernetes the nvidia.com/gpu "
+        "of each worker pod (default 0: none, or as the worker template says)",
+    )
+    group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        metavar="N",
+        help="restarts of crashed or hung processes and replacements of lost nodes, in all, "
+        f"before the job gives up on them (default {DEFAULT_MAX_RESTARTS})",
+    )
+    group.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=DEFAULT_WAIT_TIMEOUT,
+        metavar="S",
+        help="seconds the job may have fewer than --min-workers before it fails "
+        f"(default {_number(DEFAULT_WAIT_TIMEOUT)})",
+    )
+    group.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="where elastic_allreduce.State writes periodic checkpoints (the job resumes from "
+        "the newest one when every worker died); on Kubernetes an absolute path that every "
+        "worker pod mounts",
+    )
+
+
+def add_command(parser: argparse.ArgumentParser) -> None:
+    """Add the training command (everything after ``--``); add it after every flag."""
+    parser.add_argument(
+        "command_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND [ARGS...]",
+        help="the training command every training process runs",
+    )
+
+
+def training_command(args: argparse.Namespace) -> tuple[str, ...]:
+    """The training command of parsed arguments, without the ``--`` before it."""
+    command = list(args.command_args)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return tuple(command)
+
+
+def job_options(
+    command: Sequence[str],
+    *,
+    job_id: str | None = None,
+    workers: int = DEFAULT_WORKERS,
+    min_workers: int = DEFAULT_MIN_WORKERS,
+    max_workers: int | None = None,
+    nproc_per_node: int | None = None,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    checkpoint_dir: str | None = None,
+) -> JobOptions:
+    """The validated options, with the flags' defaults for what is not given."""
+    return validate(
+        JobOptions(
+            command=tuple(command),
+            job_id=new_job_id() if job_id is None else job_id,
+            workers=workers,
+            min_workers=min_workers,
+            max_workers=workers if max_workers is None else max_workers,
+            nproc_per_node=max(1, gpus_per_node) if nproc_per_node is None else nproc_per_node,
+            gpus_per_node=gpus_per_node,
+            max_restarts=max_restarts,
+            wait_timeout=float(wait_timeout),
+            checkpoint_dir=checkpoint_dir,
+        )
+    )
+
+
+def from_args(args: argparse.Namespace) -> JobOptions:
+    """The options parsed by a parser that :func:`add_job_flags` and :func:`add_command` built
+    (validated: ConfigError names the flag)."""
+    return job_options(
+        training_command(args),
+        job_id=args.job_id,
+        workers=args.workers,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        nproc_per_node=args.nproc_per_node,
+        gpus_per_node=args.gpus_per_node,
+        max_restarts=args.max_restarts,
+        wait_timeout=args.wait_timeout,
+        checkpoint_dir=args.checkpoint_dir,
+    )
+
+
+def validate(options: JobOptions) -> JobOptions:
+    """Return ``options`` if the job can run with them, else raise a ConfigError naming the
+    flag, the value given and what is allowed."""
+    low, start, high = options.min_workers, options.workers, options.max_workers
+    if start < 1 or low < 1:
+        raise ConfigError(f"--workers ({start}) and --min-workers ({low}) must be at least 1")
+    if not low <= start <= high:
+        raise ConfigError(
+            f"need --min-workers <= --workers <= --max-workers, got {low} <= {start} <= {high}"
+        )
+    if options.gpus_per_node < 0:
+        raise ConfigError(f"--gpus-per-node must be 0 or more, got {options.gpus_per_node}")
+    if options.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be at least 1, got {options.nproc_per_node}")
+    if options.gpus_per_node and options.nproc_per_node > options.gpus_per_node:
+        raise ConfigError(
+            f"--nproc-per-node {options.nproc_per_node} needs as many GPUs per worker node, but "
+            f"--gpus-per-node is {options.gpus_per_node}: each training process has a GPU of "
+            "its own"
+        )
+    if options.max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be 0 or more, got {options.max_restarts}")
+    if not (math.isfinite(options.wait_timeout) and options.wait_timeout > 0):
+        raise ConfigError(
+            f"--wait-timeout must be a positive number of seconds, got {options.wait_timeout}"
+        )
+    if options.checkpoint_dir is not None and not options.checkpoint_dir.strip():
+        raise ConfigError("--checkpoint-dir is empty: give a directory, or leave the flag out")
+    if not options.command:
+        raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
+    validate_job_id(options.job_id)
+    return options
+
+
+def job_settings(options: JobOptions) -> JobSettings:
+    """The launcher's settings of the job (stored at ``config/job`` with the command)."""
+    return JobSettings(
+        min_workers=options.min_workers,
+        max_workers=options.max_workers,
+        nproc_per_node=options.nproc_per_node,
+        max_restarts=options.max_restarts,
+        wait_timeout=options.wait_timeout,
+    )
+
+
+def to_args(options: JobOptions) -> list[str]:
+    """The job flags and training command that :func:`from_args` reads back as ``options``."""
+    args = [
+        "--job-id",
+        options.job_id,
+        "--workers",
+        str(options.workers),
+        "--min-workers",
+        str(options.min_workers),
+        "--max-workers",
+        str(options.max_workers),
+        "--nproc-per-node",
+        str(options.nproc_per_node),
+    ]
+    if options.gpus_per_node:
+        args += ["--gpus-per-node", str(options.gpus_per_node)]
+    args += [
+        "--max-restarts",
+        str(options.max_restarts),
+        "--wait-timeout",
+        _number(options.wait_timeout),
+    ]
+    if options.checkpoint_dir is not None:
+        args += ["--checkpoint-dir", options.checkpoint_dir]
+    return [*args, "--", *options.command]
+
+
+def _number(value: float) -> str:
+    """``value`` as the shortest text that parses back to it (60.0 -> "60")."""
+    return str(int(value)) if value.is_integer() else repr(value)

@@ -1,0 +1,119 @@
+"""Every name elastic-allreduce gives things on Kubernetes, each defined here and nowhere else.
+
+Label and annotation keys and values, the names of a job's objects and pods, label selectors,
+the shared objects of a namespace (etcd) and of a cluster (the PriorityClass), and where the
+launcher pod finds the worker template. The manifests (``manifests``), the provisioner
+(``provisioner``), the Events (``events``) and ``elastic-run k8s`` (``cli``) all take their names
+from here, so that what one writes the others select. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- labels and annotations --------------------------------------------------------------------
+
+#: The recommended "name of the application" label: every object of elastic-allreduce has it,
+#: and the etcd's NetworkPolicy admits clients by it.
+NAME_LABEL: Final = "app.kubernetes.io/name"
+#: The recommended "part of a higher-level application" label (the etcd's objects).
+PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
+#: Value of NAME_LABEL on a job's objects, and of PART_OF_LABEL on the etcd's.
+APP_NAME: Final = "elastic-allreduce"
+#: The job id; ``k8s status`` and ``k8s delete`` select a job's objects by it.
+JOB_LABEL: Final = "elastic-allreduce/job"
+#: On pods only: ROLE_LAUNCHER or ROLE_WORKER.
+ROLE_LABEL: Final = "elastic-allreduce/role"
+ROLE_LAUNCHER: Final = "launcher"
+ROLE_WORKER: Final = "worker"
+#: Annotation of the launcher's pod: the running ring ("epoch N: K ranks [slots]").
+RING_ANNOTATION: Final = "elastic-allreduce/ring"
+
+#: Source component of the Events the launcher records.
+EVENT_COMPONENT: Final = "elastic-allreduce-launcher"
+
+#: The extended resource of NVIDIA GPUs (the device plugin's), and the taint GPU pools carry.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# -- shared objects ----------------------------------------------------------------------------
+
+#: Defaults of the kustomize base (the default job).
+DEFAULT_NAMESPACE: Final = "elastic-allreduce"
+DEFAULT_JOB_ID: Final = "elastic-job"
+
+#: The PriorityClass of preemptible training pods (cluster-scoped).
+PRIORITY_CLASS: Final = "elastic-allreduce-preemptible"
+
+#: A namespace's etcd: client Service and StatefulSet, and its headless peer Service.
+ETCD_NAME: Final = "elastic-allreduce-etcd"
+ETCD_PEER_SERVICE: Final = "elastic-allreduce-etcd-peer"
+ETCD_CLIENT_PORT: Final = 2379
+ETCD_PEER_PORT: Final = 2380
+
+#: Where the launcher pod finds the worker pod template (the ConfigMap is mounted there).
+TEMPLATE_DIR: Final = "/etc/elastic-allreduce"
+TEMPLATE_KEY: Final = "worker-pod.yaml"
+TEMPLATE_PATH: Final = f"{TEMPLATE_DIR}/{TEMPLATE_KEY}"
+
+
+def etcd_labels() -> dict[str, str]:
+    """The labels of the etcd's objects (no job label: every job of the namespace shares it)."""
+    return {NAME_LABEL: "etcd", PART_OF_LABEL: APP_NAME}
+
+
+def default_etcd_endpoints() -> str:
+    """The endpoint of the namespace's etcd, as pods of that namespace reach it."""
+    return f"{ETCD_NAME}:{ETCD_CLIENT_PORT}"
+
+
+# -- a job's objects ---------------------------------------------------------------------------
+
+
+def job_labels(job_id: str) -> dict[str, str]:
+    """The labels of every object of a job."""
+    return {NAME_LABEL: APP_NAME, JOB_LABEL: job_id}
+
+
+def pod_labels(job_id: str, role: str) -> dict[str, str]:
+    """The labels of a job's pod: the job's, and its role (ROLE_LAUNCHER or ROLE_WORKER)."""
+    return {**job_labels(job_id), ROLE_LABEL: role}
+
+
+def job_selector(job_id: str) -> str:
+    """The label selector of every object of a job, for list and delete calls."""
+    return f"{JOB_LABEL}={job_id}"
+
+
+def worker_selector(job_id: str) -> str:
+    """The label selector of a job's worker pods (what the provisioner watches)."""
+    return f"{JOB_LABEL}={job_id},{ROLE_LABEL}={ROLE_WORKER}"
+
+
+def same_job(job_id: str) -> dict[str, str]:
+    """The matchLabels of a NetworkPolicy's selector for every pod of a job."""
+    return {JOB_LABEL: job_id}
+
+
+def launcher_name(job_id: str) -> str:
+    """Name of the launcher's Job, ServiceAccount, Role and RoleBinding."""
+    return f"{job_id}-launcher"
+
+
+def template_name(job_id: str) -> str:
+    """Name of the ConfigMap holding the worker pod template."""
+    return f"{job_id}-worker-template"
+
+
+def network_policy_name(job_id: str) -> str:
+    """Name of the NetworkPolicy that closes a job's pods to everything but the job."""
+    return job_id
+
+
+def api_policy_name(job_id: str) -> str:
+    """Name of the NetworkPolicy that lets the launcher reach the Kubernetes API."""
+    return f"{job_id}-launcher-api"
+
+
+def worker_pod_name(job_id: str, number: int) -> str:
+    """Name of a job's ``number``-th worker pod (the node id of its agent)."""
+    return f"{job_id}-worker-{number}"

@@ -1,0 +1,58 @@
+"""Junk in a live job's prefix -- stray keys, values of the wrong shape, bytes that are not JSON --
+is reported and skipped by every reader; the job trains on and finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from elastic_allreduce.records import keys
+from elastic_allreduce.store import EmbeddedEtcd
+from tests.conftest import write_raw
+from tests.integration.harness import Job, run_cli, slot_of_rank, start_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+STEPS = 200
+TRAIN = ("--steps", str(STEPS), "--commit-every", "5", "--step-delay", "0.03")
+
+#: Values a foreign or buggy writer could leave, each under a key readers list.
+JUNK = {
+    "procs/x": {"pid": 1},
+    "exits/n0.0/abc": {"code": 1},
+    "members/a.b": {"host": "h", "slots": 1},
+    "members/n7": {"host": "h", "slots": "many"},
+    keys.SCALE_TARGET: {"workers": "all of them"},
+    "status/other": {"phase": "running"},
+    "stray": 1,
+}
+
+
+def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    job = start_job(etcd_server, "--workers", "3", "--max-restarts", "1", script_args=TRAIN)
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(3)) >= 3, 120, "commits at size 3")
+    for key, value in JUNK.items():
+        job.store.put(key, value)
+    write_raw(job.store, "exits/n1.0/9", b"\x00not json")
+    # A crash after the junk landed: the launcher and the agents must act through it.
+    victim = slot_of_rank(job, 2, 3)
+    os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
+    status = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
+    assert job.finish() == 0, job.tail()
+    done = job.done()
+    assert len(done) == 3 and {e.data["step"] for e in done} == {STEPS}, job.tail()
+    assert len({e.data["checksum"] for e in done}) == 1
+    crashed = f"slot {victim} crashed: killed by SIGKILL"
+    assert any(crashed in line and "restarting it" in line for line in job.lines), job.tail()
+    launcher_warnings = [line for line in job.lines if "launcher] ignoring key" in line]
+    for key in [*JUNK, "exits/n1.0/9"]:
+        assert any(repr(key) in line for line in launcher_warnings), (key, launcher_warnings)
+    assert len(launcher_warnings) == len(JUNK) + 1, launcher_warnings  # each one once
+    assert any("node n0] ignoring key 'procs/x'" in line for line in job.lines), job.tail()
+    assert status.returncode == 0, status.stderr
+    assert "skipped key members/n7: the member record: field 'slots'" in status.stdout

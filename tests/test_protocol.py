@@ -1,0 +1,80 @@
+"""The rendezvous protocol's encoders, decoders and URLs, and the output-line prefix (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from elastic_allreduce import logprefix
+from elastic_allreduce.errors import ProtocolError
+from elastic_allreduce.rendezvous import protocol
+from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
+from elastic_allreduce.rendezvous.protocol import Admission
+
+
+def test_rank_and_size_is_six_integers_in_horovods_order() -> None:
+    assignment = SlotAssignment(rank=2, size=3, cross_rank=2, cross_size=3)
+    body = protocol.encode_assignment(assignment)
+    assert body == b"2,3,0,1,2,3"
+    assert protocol.decode_assignment(body) == assignment
+    assert protocol.encode_assignment(REMOVED) == b"-1,-1,-1,-1,-1,-1"
+
+
+def test_an_admission_carries_the_epoch_before_the_ranks() -> None:
+    admission = Admission(7, SlotAssignment(rank=1, size=2, cross_rank=1, cross_size=2))
+    body = protocol.encode_admission(admission)
+    assert body == b"7,1,2,0,1,1,2"
+    assert protocol.decode_admission(body) == admission
+    refused = protocol.decode_admission(protocol.encode_admission(Admission(-1, REMOVED)))
+    assert not refused.admitted and refused.assignment == REMOVED
+    assert protocol.decode_epoch(protocol.encode_epoch(12)) == 12
+
+
+@pytest.mark.parametrize(
+    ("decode", "body"),
+    [
+        (protocol.decode_assignment, b"1,2,3"),
+        (protocol.decode_assignment, b"a,b,c,d,e,f"),
+        (protocol.decode_admission, b"1,2,0,1,0,1"),
+        (protocol.decode_admission, b"\xff"),
+        (protocol.decode_epoch, b""),
+        (protocol.decode_epoch, b"3,4"),
+    ],
+)
+def test_a_malformed_reply_is_a_protocol_error(
+    decode: Callable[[bytes], object], body: bytes
+) -> None:
+    with pytest.raises(ProtocolError, match=r"bad \w+ reply"):
+        decode(body)
+
+
+def test_worker_keys_name_a_slot_with_local_rank_zero() -> None:
+    assert protocol.worker_key("n0.1") == "n0.1:0"
+    assert protocol.slot_of_worker_key(protocol.worker_key("job-w-2.0")) == "job-w-2.0"
+
+
+def test_addresses_and_urls_bracket_ipv6() -> None:
+    assert protocol.host_port("10.0.0.5", 80) == "10.0.0.5:80"
+    assert protocol.host_port("::1", 80) == "[::1]:80"
+    assert protocol.host_port("fe80::2", 8) == "[fe80::2]:8"
+    assert protocol.host_port("launcher.ns.svc", 9) == "launcher.ns.svc:9"
+    assert protocol.split_host_port("[::1]:4000") == ("::1", 4000)
+    assert protocol.split_host_port("h:4000") == ("h", 4000)
+    assert protocol.ready_url("[::1]:4000", "n0.0") == "http://[::1]:4000/elastic_ready/n0.0"
+    assert protocol.epoch_url("127.0.0.1:5", "n1.2") == "http://127.0.0.1:5/elastic_epoch/n1.2"
+    for bad in ("nohost", "h:", ":80", "h:99999", "h:port"):
+        with pytest.raises(ProtocolError, match="expected HOST:PORT"):
+            protocol.split_host_port(bad)
+
+
+def test_the_output_prefix_is_written_and_read_by_one_definition() -> None:
+    line = logprefix.format_line("job-1", 3, 0, "n0.0", '{"event": "commit"}')
+    assert line == '[job-1 e3 r0 n0.0] {"event": "commit"}'
+    parsed = logprefix.parse_line(line)
+    assert parsed == logprefix.OutputLine("job-1", 3, 0, "n0.0", '{"event": "commit"}')
+    outside = logprefix.parse_line(logprefix.format_line("j", None, None, "n1.0", "starting"))
+    assert outside is not None and (outside.epoch, outside.rank) == (None, None)
+    assert logprefix.parse_line(logprefix.format_line("j", 1, 2, "n1.0", "")) is not None
+    for other in ("plain text", "[bench] x", "[1]<stdout>:{}", "[j eX r0 n0.0] x"):
+        assert logprefix.parse_line(other) is None, other
