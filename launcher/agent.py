@@ -11,6 +11,7 @@ into a graceful leave, and stops its processes when the job ends.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -50,21 +51,34 @@ _LEAVE: Final = "leave"
 
 
 @dataclass(frozen=True)
-class AgentSettings:
-    """What one agent needs; the launcher or ``elastic-run join`` fills it in."""
+class NodeTemplate:
+    """What every worker node of a job is started with (the launcher's provisioner, or
+    ``elastic-run join``, adds the node's id: :meth:`for_node`)."""
 
     etcd: str
     job_id: str
-    node_id: str
     nproc_per_node: int
     command: tuple[str, ...]
     checkpoint_dir: str | None = None
+    #: The address peers reach the node at.
     host: str = "127.0.0.1"
     gloo_iface: str = "lo"
     lease_ttl: int = 3
     process_ttl: int = 3
     leave_timeout: float = 60.0
     start_timeout: float = 60.0
+
+    def for_node(self, node_id: str) -> AgentSettings:
+        """The settings of one node of this template."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(NodeTemplate)}
+        return AgentSettings(**fields, node_id=keys.validate_node_id(node_id))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings(NodeTemplate):
+    """What one agent needs: its job's node template and its own node id."""
+
+    node_id: str
 
 
 @dataclass

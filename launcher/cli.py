@@ -20,7 +20,7 @@ from elastic_allreduce.records.snapshot import parse_job, read_job
 from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
 from launcher import job_options
-from launcher.agent import Agent, AgentSettings, python_script_args
+from launcher.agent import Agent, AgentSettings, NodeTemplate, python_script_args
 from launcher.exit_codes import exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
@@ -356,27 +356,21 @@ def _run_job(args: argparse.Namespace) -> int:
         else:
             EtcdStore(etcd, job_id).check()
         print(f"elastic-run: job {job_id} on etcd {etcd}", flush=True)
-        template = AgentSettings(
+        template = NodeTemplate(
             etcd=etcd,
             job_id=job_id,
-            node_id="",
             nproc_per_node=options.nproc_per_node,
             command=command,
             checkpoint_dir=(
                 os.path.abspath(options.checkpoint_dir) if options.checkpoint_dir else None
             ),
-            host=kube_mode.pod_ip if kube_mode else "127.0.0.1",
         )
         if kube_mode is not None:
-            result = run_in_kubernetes(
-                LaunchSettings(options.workers, settings, template), kube_mode
-            )
+            launch = LaunchSettings(options.workers, settings, template, kube_mode.pod_ip)
+            result = run_in_kubernetes(launch, kube_mode)
         else:
-            launcher = Launcher(
-                LaunchSettings(options.workers, settings, template),
-                LocalProvisioner(template),
-            )
-            result = launcher.run()
+            launch = LaunchSettings(options.workers, settings, template)
+            result = Launcher(launch, LocalProvisioner(template)).run()
     print(
         f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "
         f"{result.reason}",

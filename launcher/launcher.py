@@ -30,7 +30,7 @@ from elastic_allreduce.records.values import (
 from elastic_allreduce.rendezvous.protocol import Admission, host_port
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
-from launcher.agent import AgentSettings
+from launcher.agent import NodeTemplate
 from launcher.policy import (
     Decision,
     Exit,
@@ -56,20 +56,23 @@ log = logging.getLogger("elastic-run")
 
 @dataclass(frozen=True)
 class LaunchSettings:
-    """One job as the user launched it; ``node`` is what every worker node is started with."""
+    """One job as the user launched it."""
 
     workers: int
     job: JobSettings
-    node: AgentSettings
+    #: What every worker node is started with.
+    nodes: NodeTemplate
+    #: The address workers reach this launcher's rendezvous at (a pod's IP on Kubernetes).
+    rendezvous_host: str = "127.0.0.1"
     lease_ttl: int = 3
 
     @property
     def etcd(self) -> str:
-        return self.node.etcd
+        return self.nodes.etcd
 
     @property
     def job_id(self) -> str:
-        return self.node.job_id
+        return self.nodes.job_id
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Launcher:
             self._become_leader(lease)
             self._write_config()
             port = self.rendezvous.start()
-            rendezvous = host_port(self.settings.node.host, port)
+            rendezvous = host_port(self.settings.rendezvous_host, port)
             self.store.put(keys.LEADER, LeaderRecord(rendezvous).to_json(), lease=lease)
             self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
             policy = RingPolicy(
@@ -165,7 +168,7 @@ class Launcher:
                 "--job-id (the old keys stay for inspection with `elastic-run keys`)"
             )
         config = JobConfig(
-            self.settings.job, self.settings.node.command, self.settings.node.checkpoint_dir
+            self.settings.job, self.settings.nodes.command, self.settings.nodes.checkpoint_dir
         )
         self.store.put(keys.JOB_CONFIG, config.to_json())
 

@@ -10,14 +10,14 @@ import subprocess
 import sys
 
 from elastic_allreduce._process import die_with_parent
-from launcher.agent import AgentSettings
+from launcher.agent import NodeTemplate
 from launcher.provisioners.api import Provisioner
 
 
 class LocalProvisioner(Provisioner):
     """Runs each node as ``python -m launcher.agent`` on this machine (output inherited)."""
 
-    def __init__(self, template: AgentSettings) -> None:
+    def __init__(self, template: NodeTemplate) -> None:
         self._template = template
         self._numbers = itertools.count()
         self._agents: dict[str, subprocess.Popen[bytes]] = {}
@@ -26,7 +26,7 @@ class LocalProvisioner(Provisioner):
         started = []
         for _ in range(count):
             node_id = f"n{next(self._numbers)}"
-            settings = dataclasses.replace(self._template, node_id=node_id)
+            settings = self._template.for_node(node_id)
             payload = json.dumps(dataclasses.asdict(settings))
             # Own session: the launcher, not the terminal's Ctrl-C, decides when agents stop;
             # and an agent dies with the launcher even when the launcher is SIGKILLed.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
-from launcher.agent import AgentSettings
+from launcher.agent import NodeTemplate
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.provisioners.api import Provisioner
 from launcher.provisioners.local import LocalProvisioner
@@ -33,10 +33,9 @@ class Subject:
 
 
 def local_subject(etcd: EmbeddedEtcd, job_id: str) -> Iterator[Subject]:
-    template = AgentSettings(
+    template = NodeTemplate(
         etcd=etcd.endpoints_text,
         job_id=job_id,
-        node_id="",
         nproc_per_node=1,
         command=tuple(COMMAND),
     )
