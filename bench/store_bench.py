@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, EventType
 
 
@@ -44,8 +45,8 @@ def bench_lease_kill(server: EmbeddedEtcd, trials: int, ttl: int) -> list[float]
     results = []
     try:
         for trial in range(trials):
-            key = f"members/holder-{trial}"
-            watch = store.watch_prefix("members/")
+            key = keys.member(f"holder-{trial}")
+            watch = store.watch_prefix(keys.MEMBERS)
             child = subprocess.Popen(
                 [
                     sys.executable,

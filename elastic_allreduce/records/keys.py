@@ -170,10 +170,10 @@ def parse(key: str) -> JobKey:
 
 def _why(prefix: str) -> str:
     shapes = {
-        MEMBERS: "members/<node-id>",
-        DIRECTIVES: "directives/<node-id>",
-        PROCS: "procs/<node-id>.<index>",
-        EXITS: "exits/<node-id>.<index>/<incarnation>",
+        MEMBERS: f"{MEMBERS}<node-id>",
+        DIRECTIVES: f"{DIRECTIVES}<node-id>",
+        PROCS: f"{PROCS}<node-id>.<index>",
+        EXITS: f"{EXITS}<node-id>.<index>/<incarnation>",
     }
     if prefix in shapes:
         return (

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import parse_job
+from elastic_allreduce.records.values import JobConfig, JobSettings, MemberRecord
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, KeyValue
 from elastic_allreduce.store.api import WatchEvent
 from elastic_allreduce.store.cache import PrefixCache, drain
@@ -29,12 +32,10 @@ class StoreView:
     def keys(self) -> Mapping[str, KeyValue]:
         return self._cache.items()
 
-    def members(self) -> dict[str, Any]:
-        return {
-            key.split("/", 1)[1]: kv.value
-            for key, kv in self.keys().items()
-            if key.startswith("members/")
-        }
+    def members(self) -> dict[str, MemberRecord]:
+        """The live members, typed (junk skipped)."""
+        job = parse_job(self.keys().values(), self._cache.revision)
+        return {node: stored.record for node, stored in job.members.items()}
 
     def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -53,17 +54,8 @@ class StoreView:
 
 def write_job_config(store: EtcdStore, command: list[str]) -> None:
     """What a launcher writes at config/job, enough for agents (`elastic-run join`) to start."""
-    store.put(
-        "config/job",
-        {
-            "min_workers": 1,
-            "max_workers": 4,
-            "nproc_per_node": 1,
-            "max_restarts": 0,
-            "command": command,
-            "checkpoint_dir": None,
-        },
-    )
+    config = JobConfig(JobSettings(1, 4, 1, 0), tuple(command))
+    store.put(keys.JOB_CONFIG, config.to_json())
 
 
 def join_template(**container: Any) -> dict[str, Any]:

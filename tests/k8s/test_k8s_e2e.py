@@ -15,7 +15,6 @@ pods whose container is just `elastic-run join`, and sees them through the API. 
 from __future__ import annotations
 
 import json
-import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from elastic_allreduce import logprefix
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube
@@ -33,9 +33,6 @@ from tests.k8s.conftest import join_template
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_until.py")
-_LINE = re.compile(
-    r"^\[(?P<job>\S+) e(?P<epoch>[-\d]+) r(?P<rank>[-\d]+) (?P<slot>\S+)\] (?P<text>\{.*)$"
-)
 
 
 @dataclass
@@ -48,10 +45,10 @@ class Output:
 
     def __call__(self, pod: str, line: str) -> None:
         record = None
-        match = _LINE.match(line)
-        if match:
+        parsed = logprefix.parse_line(line)
+        if parsed is not None and parsed.text.startswith("{"):
             try:
-                record = json.loads(match.group("text"))
+                record = json.loads(parsed.text)
             except json.JSONDecodeError:
                 record = None
         with self.lock:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.values import MemberRecord
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from launcher.agent import NodeTemplate
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
@@ -90,11 +92,11 @@ def test_stop_node_makes_one_node_leave_gracefully(subject: Subject, store_view:
     store_view.wait(lambda: leaver not in store_view.members(), 60, f"{leaver} to leave")
     # Graceful: the agent announced its leave (a killed agent's key would just expire).
     announced = [
-        value
+        MemberRecord.from_json(key, value)
         for key, value in store_view.history
-        if key == f"members/{leaver}" and isinstance(value, dict)
+        if key == keys.member(leaver) and value is not None
     ]
-    assert any(value.get("leaving") is True for value in announced), announced
+    assert any(member.leaving for member in announced), announced
     assert stayer in store_view.members()
     store_view.wait(lambda: not subject.running(leaver), 30, f"{leaver}'s agent to exit")
     assert subject.running(stayer)
