@@ -13,6 +13,8 @@ reply encodings are defined there, once, for this server and its clients):
   reset, since Horovod keeps the answer of ``rank_and_size`` to itself.
 * ``worker_addresses`` -- a worker's notification service; the launcher uses it to send
   host-update notifications, which make ``state.commit()`` raise ``HostsUpdatedInterrupt``.
+  The body is read with a plain-data loader (Horovod's own codec is cloudpickle, which would
+  run code sent by anyone who reaches this port) and is never stored or served back.
 
 Everything else is Horovod's key-value store for Gloo's own rendezvous, cleared when an epoch
 starts.
@@ -28,13 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from horovod.runner.common.util import codec as horovod_codec
 from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient
-from horovod.runner.http.http_server import RendezvousHandler, RendezvousServer
+from horovod.runner.http.http_server import BAD_REQUEST, OK, RendezvousHandler, RendezvousServer
 
+from elastic_allreduce.errors import ProtocolError
+from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import REMOVED
-from elastic_allreduce.rendezvous.protocol import Admission, WaitKind
+from elastic_allreduce.rendezvous.protocol import Admission, WaitKind, WorkerAddresses
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +126,7 @@ class RendezvousService:
         self.board = board
         self.wait_timeout = wait_timeout
         self._server = RendezvousServer(verbose=0)
-        self._clients: dict[str, tuple[object, bytes]] = {}
+        self._clients: dict[str, WorkerAddresses] = {}
         #: The newest notification for each slot, re-sent when a slot (re)registers (a worker
         #: that registers after a resize was decided must still hear of it) and every
         #: RESEND_INTERVAL until the slot reaches the new epoch: Horovod drops the messages that
@@ -148,13 +151,13 @@ class RendezvousService:
         """Forget Gloo's rendezvous keys of earlier epochs (called as an epoch starts)."""
         self._server.init([])
 
-    def register_worker(self, slot: str, addresses: object, secret_key: bytes) -> None:
+    def register_worker(self, slot: str, worker: WorkerAddresses) -> None:
         """Remember a worker's notification service (from ``PUT /worker_addresses``)."""
         with self._clients_lock:
-            self._clients[slot] = (addresses, secret_key)
+            self._clients[slot] = worker
             pending = self._pending.get(slot)
         if pending is not None:
-            self._send(slot, addresses, secret_key, pending.timestamp)
+            self._send(slot, worker, pending.timestamp)
 
     def notify(self, slots: list[str], timestamp: int) -> None:
         """Tell workers that membership changed; each sends it to its State at next commit."""
@@ -163,8 +166,8 @@ class RendezvousService:
             for slot in slots:
                 self._pending[slot] = _Pending(timestamp, now, now)
             targets = [(s, self._clients[s]) for s in slots if s in self._clients]
-        for slot, (addresses, secret_key) in targets:
-            self._send(slot, addresses, secret_key, timestamp)
+        for slot, worker in targets:
+            self._send(slot, worker, timestamp)
 
     def resend_pending(self) -> None:
         """Send again the notifications not yet acknowledged (see ``_pending``); a worker
@@ -177,8 +180,8 @@ class RendezvousService:
                 if due and now - pending.first_sent < RESEND_FOR and slot in self._clients:
                     self._pending[slot] = dataclasses.replace(pending, last_sent=now)
                     targets.append((slot, self._clients[slot], pending))
-        for slot, (addresses, secret_key), pending in targets:
-            self._send(slot, addresses, secret_key, pending.timestamp, again=True)
+        for slot, worker, pending in targets:
+            self._send(slot, worker, pending.timestamp, again=True)
 
     def forget(self, slots: list[str]) -> None:
         """Drop pending notifications of slots that reached the new epoch."""
@@ -187,18 +190,11 @@ class RendezvousService:
                 self._pending.pop(slot, None)
 
     @staticmethod
-    def _send(
-        slot: str,
-        addresses: object,
-        secret_key: bytes,
-        timestamp: int,
-        *,
-        again: bool = False,
-    ) -> None:
+    def _send(slot: str, worker: WorkerAddresses, timestamp: int, *, again: bool = False) -> None:
         update = HostUpdateResult.added  # see launcher.policy.NotifyWorkers
         threading.Thread(
             target=_notify_one,
-            args=(slot, addresses, secret_key, timestamp, update),
+            args=(slot, worker, timestamp, update),
             kwargs={"again": again},
             name=f"notify-{slot}",
             daemon=True,
@@ -206,16 +202,10 @@ class RendezvousService:
 
 
 def _notify_one(
-    slot: str,
-    addresses: object,
-    secret_key: bytes,
-    timestamp: int,
-    update: HostUpdateResult,
-    *,
-    again: bool,
+    slot: str, worker: WorkerAddresses, timestamp: int, update: HostUpdateResult, *, again: bool
 ) -> None:
     try:
-        client = WorkerNotificationClient(addresses, secret_key, verbose=0)
+        client = WorkerNotificationClient(worker.as_horovod(), worker.secret_key, verbose=0)
         client.notify_hosts_updated(timestamp, update)
     except Exception as exc:  # a worker that died meanwhile cannot be notified; that is fine
         level = logging.DEBUG if again else logging.INFO
@@ -238,10 +228,31 @@ def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
             value: bytes | None = super()._get_value(scope, key)
             return value
 
-        def _put_value(self, scope: str, key: str, value: bytes) -> None:
-            if scope == protocol.WORKER_ADDRESSES:
-                addresses, secret_key = horovod_codec.loads_base64(value)
-                service.register_worker(protocol.slot_of_worker_key(key), addresses, secret_key)
-            super()._put_value(scope, key, value)
+        def do_PUT(self) -> None:
+            _, _, rest = self.path.partition("/")
+            scope, _, key = rest.partition("/")
+            if scope != protocol.WORKER_ADDRESSES:
+                super().do_PUT()
+                return
+            # Read with the plain-data loader and kept out of the key-value store, so that
+            # nothing from the network runs here and the worker's key is never served back.
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+                if not 0 <= length <= protocol.MAX_WORKER_ADDRESSES_BYTES:
+                    raise ProtocolError(f"worker_addresses body of {length} bytes")
+                worker = protocol.decode_worker_addresses(self.rfile.read(length))
+                slot = protocol.slot_of_worker_key(key)
+                split_slot(slot)
+            except (ValueError, ProtocolError, OSError) as exc:
+                log.warning(
+                    "refused a worker_addresses registration for %r from %s: %s",
+                    key,
+                    self.client_address[0],
+                    exc,
+                )
+                self.send_status_code(BAD_REQUEST)
+                return
+            service.register_worker(slot, worker)
+            self.send_status_code(OK)
 
     return ElasticHandler

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import pickle
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,7 @@ from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
 from elastic_allreduce.rendezvous.protocol import Admission
+from tests.helpers.pickles import Exploit
 
 
 def test_rank_and_size_is_six_integers_in_horovods_order() -> None:
@@ -78,3 +82,43 @@ def test_the_output_prefix_is_written_and_read_by_one_definition() -> None:
     assert logprefix.parse_line(logprefix.format_line("j", 1, 2, "n1.0", "")) is not None
     for other in ("plain text", "[bench] x", "[1]<stdout>:{}", "[j eX r0 n0.0] x"):
         assert logprefix.parse_line(other) is None, other
+
+
+def test_a_real_worker_registration_is_read_as_plain_data() -> None:
+    from horovod.runner.common.util import codec, secret  # noqa: PLC0415
+
+    key = secret.make_secret_key()
+    addresses = {"lo": [("127.0.0.1", 41234)], "eth0": [("10.0.0.3", 41234)]}
+    body = codec.dumps_base64((addresses, key), to_ascii=False)
+    worker = protocol.decode_worker_addresses(body)
+    assert worker.secret_key == key
+    assert worker.as_horovod() == addresses
+
+
+def test_a_pickle_that_names_a_function_is_refused_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    for payload in (Exploit(marker), ({"lo": [("h", 1)]}, Exploit(marker))):
+        body = base64.b64encode(pickle.dumps(payload))
+        with pytest.raises(ProtocolError, match="refused to load"):
+            protocol.decode_worker_addresses(body)
+    assert not marker.exists()
+    pickle.loads(pickle.dumps(Exploit(marker)))  # noqa: S301 - what a general loader does
+    assert marker.exists()  # (so the payload above would have run)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"%%%", "not base64"),
+        (base64.b64encode(b"\x80\x05junk"), "not plain pickled data"),
+        (base64.b64encode(pickle.dumps(({"lo": [("h", 1)]},))), "must be ({interface"),
+        (base64.b64encode(pickle.dumps(({"lo": [("h", 0)]}, b"k"))), "must be ({interface"),
+        (base64.b64encode(pickle.dumps(({"lo": "h:1"}, b"k"))), "must be ({interface"),
+        (base64.b64encode(pickle.dumps(({"lo": [("h", 1)]}, ""))), "must be ({interface"),
+        (b"A" * (protocol.MAX_WORKER_ADDRESSES_BYTES + 1), "too large"),
+    ],
+)
+def test_a_malformed_worker_registration_says_what_is_wrong(body: bytes, why: str) -> None:
+    with pytest.raises(ProtocolError) as raised:
+        protocol.decode_worker_addresses(body)
+    assert why in str(raised.value)

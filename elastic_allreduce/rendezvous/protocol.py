@@ -17,10 +17,14 @@ brackets for IPv6 addresses); the server and the clients both use it. Pure: no I
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import io
 import ipaddress
+import pickle
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
 from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
@@ -137,6 +141,82 @@ def ready_url(address: str, slot: str) -> str:
 def epoch_url(address: str, slot: str) -> str:
     """Where a process asks which epoch it was last admitted to."""
     return f"{base_url(address)}/{ELASTIC_EPOCH}/{slot}"
+
+
+#: The largest ``worker_addresses`` body read (a worker's few interfaces and its key).
+MAX_WORKER_ADDRESSES_BYTES: Final = 64 * 1024
+
+
+@dataclass(frozen=True)
+class WorkerAddresses:
+    """A worker's notification service, as it registers it (``PUT /worker_addresses``): where it
+    listens (interface -> (ip, port) pairs) and the key its messages are signed with."""
+
+    addresses: tuple[tuple[str, tuple[tuple[str, int], ...]], ...]
+    secret_key: bytes
+
+    def as_horovod(self) -> dict[str, list[tuple[str, int]]]:
+        """The addresses in the form Horovod's notification client takes."""
+        return {iface: list(pairs) for iface, pairs in self.addresses}
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Reads only what pickle encodes without naming a class or function: tuples, lists,
+    dicts, str, bytes, int, float, bool, None. Anything that needs a global is refused, so
+    no code runs while reading (a general unpickler would run whatever the bytes name)."""
+
+    def find_class(self, module: str, name: str) -> NoReturn:
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: only plain data is read")
+
+
+def loads_plain(data: bytes) -> object:
+    """Unpickle ``data`` if it is plain data only; ProtocolError otherwise (nothing runs)."""
+    try:
+        return _PlainDataUnpickler(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
+        raise ProtocolError(f"not plain pickled data: {exc}") from None
+
+
+def decode_worker_addresses(body: bytes) -> WorkerAddresses:
+    """Parse a Horovod ``worker_addresses`` body (base64 of a pickled ``(addresses, key)``)
+    with the plain-data loader; ProtocolError says what is wrong."""
+    if len(body) > MAX_WORKER_ADDRESSES_BYTES:
+        raise ProtocolError(f"worker_addresses body of {len(body)} bytes is too large")
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(f"worker_addresses body is not base64: {exc}") from None
+    value = loads_plain(raw)
+    if not (isinstance(value, tuple) and len(value) == 2):
+        _bad_addresses(value)
+    addresses, key = value
+    if not isinstance(addresses, dict) or not isinstance(key, bytes) or not key:
+        _bad_addresses(value)
+    parsed = []
+    for iface, pairs in addresses.items():
+        if not isinstance(iface, str) or not isinstance(pairs, list):
+            _bad_addresses(value)
+        checked = []
+        for pair in pairs:
+            if not (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and isinstance(pair[0], str)
+                and isinstance(pair[1], int)
+                and 0 < pair[1] < 65536
+            ):
+                _bad_addresses(value)
+            checked.append((pair[0], pair[1]))
+        parsed.append((iface, tuple(checked)))
+    return WorkerAddresses(tuple(parsed), key)
+
+
+def _bad_addresses(value: object) -> NoReturn:
+    text = repr(value)
+    raise ProtocolError(
+        "worker_addresses must be ({interface: [(ip, port), ...]}, secret key bytes), got "
+        + (text if len(text) <= 120 else text[:117] + "...")
+    )
 
 
 def _is_ipv6(host: str) -> bool:
