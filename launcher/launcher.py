@@ -110,36 +110,48 @@ class Launcher:
         self._skips = SkipReporter()
 
     def run(self) -> JobResult:
-        """Lead the job until it succeeds or fails."""
+        """Lead the job until it succeeds or fails.
+
+        Once this launcher owns the job, however it stops, ``status/job`` says so: an
+        interrupt fails the job with that reason, and an error is recorded before it is raised.
+        """
         lease = self.store.grant_lease(self.settings.lease_ttl)
         try:
             self._become_leader(lease)
             self._write_config()
-            port = self.rendezvous.start()
-            rendezvous = host_port(self.settings.rendezvous_host, port)
-            self.store.put(keys.LEADER, LeaderRecord(rendezvous).to_json(), lease=lease)
-            self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
-            policy = RingPolicy(
-                self.settings.job, rendezvous, time.monotonic(), self.settings.workers
-            )
-            self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
-            nodes = self.provisioner.start_nodes(self.settings.workers)
-            policy.nodes_started(nodes, time.monotonic())
-            self._log(
-                f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}"
-            )
             try:
-                return self._loop(policy)
+                return self._lead(lease)
             except KeyboardInterrupt:
-                reason = "interrupted (SIGINT or SIGTERM to elastic-run)"
-                self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
-                self._log(f"job {self.settings.job_id} failed: {reason}")
-                return JobResult(False, reason)
+                return self._fail("interrupted (SIGINT or SIGTERM to elastic-run)")
+            except Exception as exc:
+                self._fail(f"the launcher stopped: {exc}")
+                raise
         finally:
             self.provisioner.close()
             self.rendezvous.stop()
             lease.revoke()
             self.store.close()
+
+    def _lead(self, lease: Lease) -> JobResult:
+        port = self.rendezvous.start()
+        rendezvous = host_port(self.settings.rendezvous_host, port)
+        self.store.put(keys.LEADER, LeaderRecord(rendezvous).to_json(), lease=lease)
+        self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
+        policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
+        self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
+        nodes = self.provisioner.start_nodes(self.settings.workers)
+        policy.nodes_started(nodes, time.monotonic())
+        self._log(f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}")
+        return self._loop(policy)
+
+    def _fail(self, reason: str) -> JobResult:
+        """Record that the job failed (best effort: etcd may be the reason) and say so."""
+        try:
+            self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
+        except StoreError as exc:
+            log.warning("could not record the job's failure in the store: %s", exc)
+        self._log(f"job {self.settings.job_id} failed: {reason}")
+        return JobResult(False, reason)
 
     def _become_leader(self, lease: Lease) -> None:
         if self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease) is not None:

@@ -67,6 +67,7 @@ def test_addresses_and_urls_bracket_ipv6() -> None:
     assert protocol.split_host_port("h:4000") == ("h", 4000)
     assert protocol.ready_url("[::1]:4000", "n0.0") == "http://[::1]:4000/elastic_ready/n0.0"
     assert protocol.epoch_url("127.0.0.1:5", "n1.2") == "http://127.0.0.1:5/elastic_epoch/n1.2"
+    assert protocol.rank_and_size_url("h:5", "n1.2") == "http://h:5/rank_and_size/n1.2:0"
     for bad in ("nohost", "h:", ":80", "h:99999", "h:port"):
         with pytest.raises(ProtocolError, match="expected HOST:PORT"):
             protocol.split_host_port(bad)

@@ -138,6 +138,12 @@ def ready_url(address: str, slot: str) -> str:
     return f"{base_url(address)}/{ELASTIC_READY}/{slot}"
 
 
+def rank_and_size_url(address: str, slot: str) -> str:
+    """Where a member re-initialising after a reset asks for its ranks (Horovod builds this
+    one itself; tools and tests use it)."""
+    return f"{base_url(address)}/{RANK_AND_SIZE}/{worker_key(slot)}"
+
+
 def epoch_url(address: str, slot: str) -> str:
     """Where a process asks which epoch it was last admitted to."""
     return f"{base_url(address)}/{ELASTIC_EPOCH}/{slot}"
