@@ -31,6 +31,8 @@ from elastic_allreduce.rendezvous.protocol import Admission, host_port
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.agent import NodeTemplate
+from launcher.observe.observer import JobObserver
+from launcher.observe.server import DashboardServer
 from launcher.policy import (
     Decision,
     Exit,
@@ -88,6 +90,11 @@ class JobResult:
 EventSink = Callable[[MembershipChange], None]
 
 
+@dataclass(frozen=True)
+class _Stop:
+    reason: str
+
+
 class Launcher:
     """Leads one job to its end (see the module docstring)."""
 
@@ -96,10 +103,14 @@ class Launcher:
         settings: LaunchSettings,
         provisioner: Provisioner,
         on_event: EventSink | None = None,
+        observer: JobObserver | None = None,
     ) -> None:
         self.settings = settings
         self.provisioner = provisioner
         self.on_event = on_event
+        #: Events file, metrics and dashboard (launcher.observe); None: nothing observed.
+        self.observer = observer
+        self._dashboard: DashboardServer | None = None
         self.store = EtcdStore(settings.etcd, settings.job_id)
         #: Wakes the control loop: store changes (from the cache) and rendezvous arrivals.
         self._inbox: queue.Queue[object] = queue.Queue()
@@ -129,20 +140,42 @@ class Launcher:
         finally:
             self.provisioner.close()
             self.rendezvous.stop()
+            if self._dashboard is not None:
+                self._dashboard.stop()
+            if self.observer is not None:
+                self.observer.close()
             lease.revoke()
             self.store.close()
+
+    def stop(self, reason: str) -> None:
+        """Ask the loop (from any thread) to end the job as failed, with ``reason``: for a
+        program that embeds the launcher; the CLI's SIGINT and SIGTERM do the same."""
+        self._inbox.put(_Stop(reason))
 
     def _lead(self, lease: Lease) -> JobResult:
         port = self.rendezvous.start()
         rendezvous = host_port(self.settings.rendezvous_host, port)
-        self.store.put(keys.LEADER, LeaderRecord(rendezvous).to_json(), lease=lease)
+        dashboard = self._serve_dashboard()
+        self.store.put(keys.LEADER, LeaderRecord(rendezvous, dashboard).to_json(), lease=lease)
         self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
         policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
         self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
         nodes = self.provisioner.start_nodes(self.settings.workers)
         policy.nodes_started(nodes, time.monotonic())
         self._log(f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}")
+        if self.observer is not None:
+            self.observer.started(rendezvous, nodes)
         return self._loop(policy)
+
+    def _serve_dashboard(self) -> str | None:
+        """Start the dashboard, /metrics and /api on --metrics-port; its address, if served."""
+        if self.observer is None or self.observer.options.metrics_port is None:
+            return None
+        host = self.settings.rendezvous_host
+        self._dashboard = DashboardServer(self.observer, host, self.observer.options.metrics_port)
+        address = host_port(host, self._dashboard.start())
+        self._log(f"dashboard at http://{address}/ (metrics at /metrics)")
+        return address
 
     def _fail(self, reason: str) -> JobResult:
         """Record that the job failed (best effort: etcd may be the reason) and say so."""
@@ -150,6 +183,8 @@ class Launcher:
             self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
         except StoreError as exc:
             log.warning("could not record the job's failure in the store: %s", exc)
+        if self.observer is not None:
+            self.observer.finished(False, reason)
         self._log(f"job {self.settings.job_id} failed: {reason}")
         return JobResult(False, reason)
 
@@ -190,10 +225,15 @@ class Launcher:
             while True:
                 # Deadlines (stuck members, wait timeouts) need a step at least this often.
                 for item in drain(self._inbox, timeout=0.25):
+                    if isinstance(item, _Stop):
+                        return self._fail(item.reason)
                     cache.apply(item)
                 self.rendezvous.resend_pending()
-                view = self._view(cache)
-                for decision in policy.step(view):
+                job = parse_job(cache.items().values(), cache.revision)
+                self._report_skipped(job)
+                if self.observer is not None:
+                    self.observer.update(job, policy.target_workers, policy.restarts_used)
+                for decision in policy.step(self._view(job)):
                     if isinstance(decision, StartNodes):
                         started = self.provisioner.start_nodes(decision.count)
                         policy.nodes_started(started, time.monotonic())
@@ -205,9 +245,7 @@ class Launcher:
         finally:
             cache.close()
 
-    def _view(self, cache: PrefixCache) -> JobView:
-        job = parse_job(cache.items().values(), cache.revision)
-        self._report_skipped(job)
+    def _view(self, job: JobSnapshot) -> JobView:
         procs = {
             slot: Proc(
                 slot,
@@ -252,8 +290,7 @@ class Launcher:
         if isinstance(decision, Log):
             self._log(decision.message)
         elif isinstance(decision, MembershipChange):
-            if self.on_event is not None:
-                self.on_event(decision)
+            self._announce(decision)
         elif isinstance(decision, WriteRing):
             self._epoch = decision.ring.epoch
             revision = self.store.compare_and_swap(
@@ -280,11 +317,22 @@ class Launcher:
                 keys.directive(decision.node), Directive(decision.incarnations).to_json()
             )
         elif isinstance(decision, FinishJob):
-            phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED
-            self.store.put(keys.JOB_STATUS, JobStatus(phase, decision.reason).to_json())
-            self._log(f"job {self.settings.job_id} {phase.value}: {decision.reason}")
-            return JobResult(decision.succeeded, decision.reason)
+            return self._finish(decision)
         return None
+
+    def _announce(self, change: MembershipChange) -> None:
+        if self.on_event is not None:
+            self.on_event(change)
+        if self.observer is not None:
+            self.observer.change(change)
+
+    def _finish(self, decision: FinishJob) -> JobResult:
+        phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED
+        self.store.put(keys.JOB_STATUS, JobStatus(phase, decision.reason).to_json())
+        if self.observer is not None:
+            self.observer.finished(decision.succeeded, decision.reason)
+        self._log(f"job {self.settings.job_id} {phase.value}: {decision.reason}")
+        return JobResult(decision.succeeded, decision.reason)
 
     def _log(self, message: str) -> None:
         log.info("[%s e%d launcher] %s", self.settings.job_id, self._epoch, message)

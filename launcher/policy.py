@@ -166,6 +166,10 @@ class MembershipChange:
     epoch: int
     slots: tuple[str, ...]
     message: str
+    #: REFORMED: why the epoch was formed, and seconds from its decision to every member
+    #: released (the re-form time observers chart).
+    cause: EpochCause | None = None
+    duration: float | None = None
 
 
 Decision = (
@@ -860,6 +864,8 @@ class RingPolicy:
                 ring.slots,
                 f"epoch {ring.epoch} ({ring.cause.value}) running with {len(ring.slots)} ranks "
                 f"[{ranks}]; formed in {took:.2f} s",
+                cause=ring.cause,
+                duration=took,
             ),
         ]
         return decisions

@@ -5,15 +5,19 @@ the minutes of a job with TensorFlow."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import logging
 import os
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from elastic_allreduce.errors import ProvisionerError
 from elastic_allreduce.records import keys
@@ -33,6 +37,9 @@ from elastic_allreduce.rendezvous.model import SlotAssignment
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Lease
 from launcher.agent import NodeTemplate
 from launcher.launcher import JobResult, Launcher, LaunchSettings
+from launcher.observe.events import EventKind, read_events
+from launcher.observe.observer import JobObserver, ObserverSettings
+from launcher.observe.timeline import build
 from launcher.provisioners.api import Provisioner
 from tests.conftest import fresh_job_id
 
@@ -128,13 +135,21 @@ def store(etcd_server: EmbeddedEtcd) -> Iterator[EtcdStore]:
         yield opened
 
 
+@contextlib.contextmanager
 def start_launcher(
-    store: EtcdStore, provisioner: Provisioner, workers: int = 2, max_restarts: int = 1
-) -> tuple[Future[JobResult], ThreadPoolExecutor]:
-    """The launcher's ``run`` on a thread of a pool that the test's HTTP clients share."""
+    store: EtcdStore,
+    provisioner: Provisioner,
+    workers: int = 2,
+    max_restarts: int = 1,
+    observing: ObserverSettings | None = None,
+) -> Iterator[tuple[Future[JobResult], ThreadPoolExecutor]]:
+    """The launcher's ``run`` on a thread of a pool that the test's HTTP clients share;
+    stopped (and the pool's threads joined) when the test leaves, whatever happened."""
+    job = JobSettings(1, workers, 1, max_restarts, wait_timeout=20.0, start_grace=5.0)
+    observer = JobObserver(store.job_id, job, observing) if observing else None
     settings = LaunchSettings(
         workers,
-        JobSettings(1, workers, 1, max_restarts, wait_timeout=20.0, start_grace=5.0),
+        job,
         NodeTemplate(
             etcd=",".join(str(endpoint) for endpoint in store.endpoints),
             job_id=store.job_id,
@@ -143,21 +158,42 @@ def start_launcher(
         ),
     )
     pool = ThreadPoolExecutor(max_workers=4)
-    return pool.submit(Launcher(settings, provisioner).run), pool
+    launcher = Launcher(settings, provisioner, observer=observer)
+    with pool:
+        result = pool.submit(launcher.run)
+        try:
+            yield result, pool
+        finally:
+            if not result.done():
+                launcher.stop("the test ended")
+                launcher.board.close()
+
+
+def metric(dashboard: str, name: str, **labels: str) -> float:
+    """One sample of the launcher's /metrics, read over HTTP as Prometheus would."""
+    text = _get(f"http://{dashboard}/metrics").decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"no sample {name}{labels} in /metrics")
 
 
 def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
-    store: EtcdStore, caplog: pytest.LogCaptureFixture
+    store: EtcdStore, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     caplog.set_level(logging.INFO)
     provisioner = RecordingProvisioner()
-    result, pool = start_launcher(store, provisioner)
-    with pool:
+    events_file = tmp_path / "events.jsonl"
+    observing = ObserverSettings(events_file=events_file, metrics_port=0)
+    with start_launcher(store, provisioner, observing=observing) as (result, pool):
         job = wait_for(
             store, lambda j: j.leader is not None and j.leader.record.rendezvous, 20, "a leader"
         )
         assert job.leader is not None and job.leader.record.rendezvous is not None
         rendezvous = job.leader.record.rendezvous
+        dashboard = job.leader.record.dashboard
+        assert dashboard is not None
         assert job.config is not None and job.config.record.command == ("python", "train.py")
         assert provisioner.started == ["n0", "n1"]
         nodes = {node: SimulatedNode(store, node) for node in provisioner.started}
@@ -210,12 +246,41 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
         assert protocol.decode_assignment(reset.result(20)).rank == 0
         assert protocol.decode_admission(rejoin.result(20)).assignment.rank == 1
 
+        # What observers see now: the counters moved through the crash and the join.
+        def changes(kind: str) -> float:
+            return metric(dashboard, "elastic_membership_changes_total", kind=kind)
+
+        # Joined: both first members (epoch 1), then incarnation 2 of the victim (epoch 3).
+        assert (changes("Crashed"), changes("Joined"), changes("Reformed")) == (1, 2, 3)
+        assert metric(dashboard, "elastic_recoveries_total", cause="failure") == 1
+        assert metric(dashboard, "elastic_recoveries_total", cause="resize") == 1
+        assert metric(dashboard, "elastic_reform_seconds_count", cause="resize") == 1
+        assert metric(dashboard, "elastic_restarts_used") == 1
+        status = json.loads(_get(f"http://{dashboard}/api/status"))
+        ranks = [r["slot"] for r in status["ring"]["ranks"]]
+        assert (status["ring"]["epoch"], ranks) == (3, [survivor.slot, victim.slot])
+        assert metric(dashboard, "elastic_ring_epoch") == 3
+        assert metric(dashboard, "elastic_ring_size") == 2
+        kinds = [e["kind"] for e in json.loads(_get(f"http://{dashboard}/api/events"))]
+        assert kinds == [
+            "Started",
+            "Joined",
+            "Reformed",
+            "Crashed",
+            "Reformed",
+            "Joined",
+            "Reformed",
+        ], kinds
+
         for node in nodes.values():
             node.exit(0)
         assert result.result(20) == JobResult(True, "training finished on 2 ranks")
     job = read_job(store)
     assert job.status is not None and job.status.record.phase is JobPhase.SUCCEEDED
     assert job.leader is None  # the launcher's lease was revoked at its end
+    events, skipped = read_events(events_file.read_text().splitlines())
+    assert not skipped and events[-1].kind is EventKind.FINISHED and events[-1].succeeded
+    assert [epoch for _, _, epoch, _ in build(events).epochs] == [1, 2, 3]
     assert provisioner.closed and provisioner.stopped == []
     messages = [r.getMessage() for r in caplog.records]
     assert sum("ignoring key 'procs/x'" in m for m in messages) == 1, messages
@@ -227,8 +292,10 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
 
 def test_a_launcher_that_stops_on_an_error_records_the_failure(store: EtcdStore) -> None:
     provisioner = RecordingProvisioner(refuse="the cluster refused to start pods")
-    result, pool = start_launcher(store, provisioner)
-    with pool, pytest.raises(ProvisionerError, match="refused to start pods"):
+    with (
+        start_launcher(store, provisioner) as (result, _),
+        pytest.raises(ProvisionerError, match="refused to start pods"),
+    ):
         result.result(20)
     job = read_job(store)
     assert job.status is not None and job.status.record.phase is JobPhase.FAILED

@@ -37,7 +37,7 @@ SETTINGS = JobSettings(1, 3, 2, 4, wait_timeout=30.0)
 
 #: One valid record of each type, at its key.
 RECORDS: dict[str, Any] = {
-    keys.LEADER: LeaderRecord("10.0.0.1:4000"),
+    keys.LEADER: LeaderRecord("10.0.0.1:4000", "10.0.0.1:9090"),
     keys.JOB_CONFIG: JobConfig(SETTINGS, ("python", "train.py", "--lr", "0.1"), "/ckpt"),
     keys.SCALE_TARGET: ScaleTarget(3),
     keys.RING: Ring(4, ("n0.0", "n1.0"), RingState.FORMING, "h:1", ("n1.0",), EpochCause.RESIZE),
@@ -103,6 +103,7 @@ def test_key_builders_refuse_ids_that_would_not_parse_back() -> None:
 MALFORMED: list[tuple[type[Any], JsonValue, str]] = [
     (LeaderRecord, ["not", "an", "object"], "must be a JSON object"),
     (LeaderRecord, {"rendezvous": 5}, "'rendezvous' must be a string"),
+    (LeaderRecord, {"rendezvous": "h:1", "dashboard": ["h"]}, "'dashboard' must be a string"),
     (JobConfig, {**SETTINGS.to_json(), "command": []}, "empty command"),
     (JobConfig, {**SETTINGS.to_json(), "command": "python x.py"}, "list of strings"),
     (JobConfig, {"min_workers": 1, "command": ["x.py"]}, "'max_workers' must be an integer"),

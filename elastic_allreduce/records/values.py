@@ -149,17 +149,19 @@ def _short(value: object) -> str:
 
 @dataclass(frozen=True)
 class LeaderRecord:
-    """``launcher/leader``: the leading launcher's rendezvous (None while it starts)."""
+    """``launcher/leader``: the leading launcher's rendezvous (None while it starts) and, when
+    it serves one (``--metrics-port``), its dashboard, metrics and JSON API (``host:port``)."""
 
     rendezvous: str | None
+    dashboard: str | None = None
 
     def to_json(self) -> JsonValue:
-        return {"rendezvous": self.rendezvous}
+        return {"rendezvous": self.rendezvous, "dashboard": self.dashboard}
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> LeaderRecord:
         fields = _Fields(key, value, "the leader record")
-        return cls(fields.opt_text("rendezvous"))
+        return cls(fields.opt_text("rendezvous"), fields.opt_text("dashboard"))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from launcher.k8s.errors import KubernetesConfigError
 from launcher.k8s.events import EventRecorder
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.launcher import JobResult, Launcher, LaunchSettings
+from launcher.observe.observer import JobObserver
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,9 @@ def load_template(path: str) -> dict[str, Any]:
     return document
 
 
-def run_job(settings: LaunchSettings, mode: KubernetesMode) -> JobResult:
+def run_job(
+    settings: LaunchSettings, mode: KubernetesMode, observer: JobObserver | None = None
+) -> JobResult:
     """Lead the job with worker pods; Events on the launcher's pod when it is known."""
     with contextlib.ExitStack() as stack:
         kube = stack.enter_context(connect(url=mode.kube_api, rbac_advice=LAUNCHER_RBAC_ADVICE))
@@ -127,4 +130,4 @@ def run_job(settings: LaunchSettings, mode: KubernetesMode) -> JobResult:
                 kube, mode.namespace, mode.pod_name, mode.pod_uid, settings.job_id
             )
             stack.callback(recorder.close)
-        return Launcher(settings, provisioner, on_event=recorder).run()
+        return Launcher(settings, provisioner, on_event=recorder, observer=observer).run()

@@ -1,0 +1,90 @@
+"""The job's Prometheus metrics (``prometheus_client``), in a registry of the launcher's own.
+
+Fed by :class:`launcher.observe.observer.JobObserver`; served at ``/metrics``. Names start
+with ``elastic_``; the job id is the ``job_id`` label of ``elastic_job_info``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+from prometheus_client import Enum as StateMetric
+
+from elastic_allreduce.records.values import JobPhase, JobSettings
+from launcher.observe.events import EventKind, JobEvent
+
+#: Seconds: the ring's re-form time is usually well under a second, a resize a few seconds.
+REFORM_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class JobMetrics:
+    """Every metric of one job; updated from events and the launcher's view."""
+
+    def __init__(self, job_id: str, settings: JobSettings) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        Info("elastic_job", "The job this launcher leads.", registry=r).info({"job_id": job_id})
+        self.phase = StateMetric(
+            "elastic_job_phase",
+            "The job's phase.",
+            states=[phase.value for phase in JobPhase],
+            registry=r,
+        )
+        self.ring_epoch = Gauge("elastic_ring_epoch", "The current ring epoch.", registry=r)
+        self.ring_size = Gauge("elastic_ring_size", "Ranks in the current ring epoch.", registry=r)
+        self.target = Gauge("elastic_target_workers", "Worker nodes wanted now.", registry=r)
+        Gauge("elastic_min_workers", "--min-workers.", registry=r).set(settings.min_workers)
+        Gauge("elastic_max_workers", "--max-workers.", registry=r).set(settings.max_workers)
+        self.restarts_used = Gauge(
+            "elastic_restarts_used", "Restarts and replacements spent.", registry=r
+        )
+        Gauge("elastic_restarts_limit", "--max-restarts.", registry=r).set(settings.max_restarts)
+        self.changes = Counter(
+            "elastic_membership_changes",
+            "Membership changes by kind (Joined, Left, Crashed, Reformed).",
+            ["kind"],
+            registry=r,
+        )
+        self.recoveries = Counter(
+            "elastic_recoveries",
+            "Ring epochs formed after the first, by cause (failure, resize).",
+            ["cause"],
+            registry=r,
+        )
+        self.reform_seconds = Histogram(
+            "elastic_reform_seconds",
+            "Seconds from deciding a ring epoch to every member released, by cause.",
+            ["cause"],
+            buckets=REFORM_BUCKETS,
+            registry=r,
+        )
+        self.last_commit_step = Gauge(
+            "elastic_last_commit_step", "The step of the last commit rank 0 reported.", registry=r
+        )
+        self.steps_per_second = Gauge(
+            "elastic_steps_per_second",
+            "Committed steps per second between the last two progress samples.",
+            registry=r,
+        )
+        self.phase.state(JobPhase.RUNNING.value)
+        for kind in (EventKind.JOINED, EventKind.LEFT, EventKind.CRASHED, EventKind.REFORMED):
+            self.changes.labels(kind.value)  # every series exists from the start, at 0
+
+    def record(self, event: JobEvent) -> None:
+        """Count a membership change (or the job's end)."""
+        if event.kind is EventKind.FINISHED:
+            self.phase.state((JobPhase.SUCCEEDED if event.succeeded else JobPhase.FAILED).value)
+            return
+        if event.kind in (EventKind.STARTED, EventKind.PROGRESS):
+            return
+        self.changes.labels(event.kind.value).inc()
+        if event.kind is EventKind.REFORMED and event.cause is not None:
+            if event.cause != "start":
+                self.recoveries.labels(event.cause).inc()
+            if event.duration is not None:
+                self.reform_seconds.labels(event.cause).observe(event.duration)
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes."""
+        return generate_latest(self.registry)
