@@ -12,7 +12,9 @@ The agent runs every training process through this module, which
    process has not yet asked for its new rank, shuts down this process's peer connections: a
    Gloo collective waiting on a peer that already gave up then fails at once instead of after
    Gloo's timeout;
-5. runs the user's script (or ``-m module``) as ``__main__``.
+5. installs :mod:`elastic_allreduce.hooks` into Horovod's elastic API (state syncs agree on the
+   state's shape first; a slot removed from the ring exits quietly at its reset);
+6. runs the user's script (or ``-m module``) as ``__main__``.
 """
 
 from __future__ import annotations
@@ -196,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     excluded = {port, *(endpoint.port for endpoint in store.endpoints)}
     guard = RingGuard(store, slot, admission.epoch, excluded)
     guard.start()
+    from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
+
+    hooks.install(store)
 
     code = 1
     try:
@@ -212,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             store.put(key, replace(record, phase=ProcPhase.FINISHED).to_json(), lease=lease)
         except StoreError as exc:
             print(f"slot {slot}: could not report the end of the script: {exc}", file=sys.stderr)
+    except SystemExit as exc:
+        # sys.exit(N) in the script, or a slot removed from the ring (hooks): keep N.
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
     finally:
         _exit_within(EXIT_GRACE, code, slot)
     return code

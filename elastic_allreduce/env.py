@@ -8,6 +8,25 @@ from typing import Final
 ETCD_BIN: Final = "ELASTIC_ALLREDUCE_ETCD_BIN"
 #: Comma-separated etcd endpoints (HOST:PORT[,...]) when no --etcd flag is given.
 ETCD_ENDPOINTS: Final = "ELASTIC_ALLREDUCE_ETCD"
+#: etcd over TLS (``https://`` endpoints): the CA that signed etcd's server certificate (default:
+#: the system's CAs), and this client's certificate and key (--etcd-cacert/--etcd-cert/--etcd-key).
+ETCD_CACERT: Final = "ELASTIC_ALLREDUCE_ETCD_CACERT"
+ETCD_CERT: Final = "ELASTIC_ALLREDUCE_ETCD_CERT"
+ETCD_KEY: Final = "ELASTIC_ALLREDUCE_ETCD_KEY"
+#: etcd's own authentication: the user (--etcd-user), and its password in a file
+#: (--etcd-password-file) or, for environments that hand secrets over as variables, directly.
+ETCD_USER: Final = "ELASTIC_ALLREDUCE_ETCD_USER"
+ETCD_PASSWORD_FILE: Final = "ELASTIC_ALLREDUCE_ETCD_PASSWORD_FILE"  # noqa: S105 - a name
+ETCD_PASSWORD: Final = "ELASTIC_ALLREDUCE_ETCD_PASSWORD"  # noqa: S105 - a name
+#: Every variable of an etcd client's security settings (see store.security.EtcdSecurity).
+ETCD_SECURITY: Final = (
+    ETCD_CACERT,
+    ETCD_CERT,
+    ETCD_KEY,
+    ETCD_USER,
+    ETCD_PASSWORD_FILE,
+    ETCD_PASSWORD,
+)
 #: Job id when no --job-id flag is given.
 JOB_ID: Final = "ELASTIC_ALLREDUCE_JOB_ID"
 #: `elastic-run join`: this node's id when no --node-id is given (a worker pod's name).

@@ -32,6 +32,14 @@ class StoreUnavailableError(StoreError, UnavailableError):
     """No etcd endpoint answered (connection refused, timed out, or the server is not ready)."""
 
 
+class StoreAuthError(StoreError, ConfigError):
+    """etcd and this client do not accept each other: etcd's certificate fails verification
+    against the CA given, etcd refuses the client certificate (or its absence), the user name or
+    password is wrong, or the user has no permission on a key. The message says which, with the
+    file, user or key involved, and what to change. A ConfigError as well: the command line
+    exits with 2, since the fix is a different flag, file or grant, not a retry."""
+
+
 class MalformedValueError(StoreError):
     """A stored value is not JSON in the envelope this version of elastic-allreduce reads."""
 
@@ -68,3 +76,9 @@ class ProtocolError(ElasticAllreduceError):
 
 class ProvisionerError(ElasticAllreduceError):
     """A provisioner could not start, stop or watch worker nodes."""
+
+
+class StateMismatchError(ElasticAllreduceError):
+    """The ranks of a ring epoch hold training states of different shapes (other variables,
+    shapes, dtypes or extra attributes), so the state cannot be synced: raised on every rank at
+    once, instead of the silent deadlock a mismatched broadcast would be."""

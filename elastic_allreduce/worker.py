@@ -6,7 +6,8 @@ its optimizer and any extra attributes) with three additions:
 * ``sync()`` broadcasts from the rank whose commit is the newest (the lowest such rank), not
   blindly from rank 0 -- so a rank that committed one step more than a peer that failed earlier
   is never rolled back to the older state, and a worker that loaded an older checkpoint never
-  overwrites the survivors;
+  overwrites the survivors; and before it broadcasts anything the ranks agree on the state's
+  shape (:mod:`elastic_allreduce.sync`), so a mismatch fails on every rank instead of hanging;
 * rank 0 reports each commit to the store (``status/progress``: what ``elastic-run status``
   shows);
 * with a checkpoint directory (``--checkpoint-dir``), rank 0 writes every ``checkpoint_every``-th
@@ -35,7 +36,7 @@ import numpy.typing as npt
 import tensorflow as tf
 from horovod.tensorflow.elastic import TensorFlowKerasState
 from horovod.tensorflow.elastic import run as _horovod_run
-from horovod.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from horovod.tensorflow.functions import broadcast_object, broadcast_variables
 from horovod.tensorflow.keras.elastic import (
     CommitStateCallback,
     UpdateBatchStateCallback,
@@ -58,6 +59,7 @@ from elastic_allreduce.data import (
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import Progress
+from elastic_allreduce.sync import agree
 
 log = logging.getLogger(__name__)
 
@@ -380,9 +382,13 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self._size = size
 
     def sync(self) -> None:
-        """Give every rank the newest committed state (from the lowest rank that has it)."""
-        commits = allgather_object(self._saved_state.get("commit_id", 0))
-        root = int(np.argmax(commits))
+        """Give every rank the newest committed state (from the lowest rank that has it).
+
+        The ranks first agree on the state's shape (:func:`elastic_allreduce.sync.agree`): a
+        mismatch raises StateMismatchError on every rank instead of deadlocking the broadcasts.
+        """
+        commit_id = int(self._saved_state.get("commit_id", 0))
+        root = agree(self.model, self.optimizer, self._saved_state, commit_id=commit_id)
         broadcast_variables(self.model.variables, root_rank=root)
         broadcast_variables(self.optimizer.variables(), root_rank=root)
         self._save_model()

@@ -6,6 +6,13 @@ ring epoch, rank and slot, reports every exit at ``exits/<slot>/<incarnation>`` 
 the dead process's lease so the launcher learns of it at once), follows the launcher's
 directives (``directives/<node>``: restart a slot, replace a stuck one, stop one), turns SIGTERM
 into a graceful leave, and stops its processes when the job ends.
+
+It also looks at its processes' state in ``/proc/<pid>/stat`` every STATE_CHECK_INTERVAL: a
+process that stays stopped (``T``: SIGSTOP, SIGTSTP; ``t``: held by a tracer) for STOPPED_LIMIT
+is killed and reported like any exit, with a note in its output tail, so the launcher handles it
+as a hung process (restarted within ``--max-restarts``) about a second after the stop instead of
+when its lease expires. The lease stays the signal for what an agent cannot see: a node that is
+dead, stopped as a whole or cut off.
 """
 
 from __future__ import annotations
@@ -49,6 +56,13 @@ log = logging.getLogger(__name__)
 _TAIL_LINES: Final = 20
 _LEAVE: Final = "leave"
 
+#: Seconds a training process may stay stopped before its agent kills it as hung.
+STOPPED_LIMIT: Final = 1.0
+#: Seconds between two looks at the training processes' state.
+STATE_CHECK_INTERVAL: Final = 0.2
+#: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
+_STOPPED_STATES: Final = frozenset({"T", "t"})
+
 
 @dataclass(frozen=True)
 class NodeTemplate:
@@ -88,6 +102,22 @@ class _Process:
     popen: subprocess.Popen[bytes]
     tail: collections.deque[str]
     reader: threading.Thread
+    #: When the agent first saw the process stopped (time.monotonic()); None: not stopped.
+    stopped_since: float | None = None
+    #: Why the agent killed the process, if it did (added to the tail of its exit report).
+    killed_because: str | None = None
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``, ...); None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    # "pid (comm) state ...": comm may hold spaces and parentheses, so split after the last ")".
+    fields = raw.rpartition(b")")[2].split()
+    return fields[0].decode(errors="replace") if fields else None
 
 
 class Agent:
@@ -110,6 +140,7 @@ class Agent:
         self._started: dict[int, int] = {}
         self._lease: Lease | None = None
         self._skips = SkipReporter()
+        self._next_state_check = 0.0
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -193,7 +224,39 @@ class Agent:
                 incarnation > 0 for incarnation in self._desired.values()
             ):
                 return 0
-            changed = self._handle(cache, drain(self._events, timeout=1.0))
+            changed = self._handle(cache, drain(self._events, timeout=self._wait_time()))
+            self._kill_stopped()
+
+    def _wait_time(self) -> float:
+        """How long the loop may wait for events: until the next look at the processes."""
+        if not self._procs:
+            return 1.0
+        return max(0.0, min(1.0, self._next_state_check - time.monotonic()))
+
+    def _kill_stopped(self) -> None:
+        """Kill the processes that have stayed stopped for STOPPED_LIMIT (when a look is due)."""
+        now = time.monotonic()
+        if now < self._next_state_check:
+            return
+        self._next_state_check = now + STATE_CHECK_INTERVAL
+        for proc in list(self._procs.values()):
+            if proc.killed_because is not None or proc.popen.returncode is not None:
+                continue
+            if process_state(proc.popen.pid) not in _STOPPED_STATES:
+                proc.stopped_since = None
+                continue
+            if proc.stopped_since is None:
+                proc.stopped_since = now
+            stopped_for = now - proc.stopped_since
+            if stopped_for < STOPPED_LIMIT:
+                continue
+            slot = slot_id(self.settings.node_id, proc.index)
+            proc.killed_because = (
+                f"slot {slot} was stopped (SIGSTOP?) for {stopped_for:.1f} s; killing it so "
+                "the ring can move on"
+            )
+            log.warning("[%s] %s", self._prefix(slot), proc.killed_because)
+            proc.popen.kill()
 
     def _job(self, cache: PrefixCache) -> JobSnapshot:
         """The job as the cache has it now; junk keys are logged once and skipped."""
@@ -328,7 +391,11 @@ class Agent:
 
     def _on_exit(self, proc: _Process) -> None:
         slot = slot_id(self.settings.node_id, proc.index)
-        record = ExitRecord.from_returncode(proc.popen.returncode, tuple(proc.tail))
+        tail = tuple(proc.tail)
+        if proc.killed_because is not None:
+            # The launcher's crash report quotes the tail's last lines: this says why.
+            tail = (*tail, f"agent: {proc.killed_because}")
+        record = ExitRecord.from_returncode(proc.popen.returncode, tail)
         self.store.put(keys.exit_(slot, proc.incarnation), record.to_json())
         registered = self.store.get(keys.proc(slot))
         if registered is not None and registered.lease is not None and registered.malformed is None:

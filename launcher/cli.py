@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from elastic_allreduce import __version__, env
@@ -18,14 +19,22 @@ from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import parse_job, read_job
 from elastic_allreduce.records.values import JobConfig, ScaleTarget
-from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, parse_endpoints
-from launcher import job_options
+from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse_endpoints
+from launcher import job_options, security_cli
+from launcher import zoo as zoo_cli
 from launcher.agent import Agent, AgentSettings, NodeTemplate, python_script_args
 from launcher.exit_codes import exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
 from launcher.k8s.mode import run_job as run_in_kubernetes
 from launcher.launcher import Launcher, LaunchSettings
+from launcher.observe.observer import (
+    JobObserver,
+    add_observer_flags,
+    observer_settings,
+    recent_events,
+)
+from launcher.observe.timeline import render_file as render_timeline
 from launcher.provisioners.local import LocalProvisioner
 
 log = logging.getLogger("elastic-run")
@@ -75,8 +84,14 @@ def _build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--standalone", action="store_true", help="start a private etcd for this job (the default)"
     )
-    where.add_argument("--etcd", metavar="HOST:PORT[,...]", help="use this etcd instead")
+    where.add_argument(
+        "--etcd",
+        metavar="HOST:PORT[,...]",
+        help="use this etcd instead (https://HOST:PORT for TLS: see the etcd TLS and auth flags)",
+    )
+    security_cli.add_security_flags(run)
     job_options.add_job_flags(run)
+    add_observer_flags(run)
     kube = run.add_argument_group(
         "Kubernetes mode",
         "the launcher runs in a pod and starts each worker node as a pod of --worker-template; "
@@ -180,8 +195,40 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_store_flags(keys)
     keys.add_argument("prefix", nargs="?", default="", help="only keys under this prefix")
+    timeline = commands.add_parser(
+        "timeline",
+        parents=[common],
+        help="draw a job's events file as one picture (ranks over time, faults, steps/s)",
+        description=(
+            "Draw the events file of a job (`elastic-run run --events-file`, by default "
+            "$TMPDIR/elastic-run/<job-id>.events.jsonl) as a PNG: which slot held which rank in "
+            "each ring epoch, the crashes, leaves and joins, and the committed steps per second."
+        ),
+    )
+    timeline.add_argument("events_file", metavar="EVENTS", help="the job's events file")
+    timeline.add_argument(
+        "-o", "--output", default="timeline.png", metavar="PNG", help="default: timeline.png"
+    )
+    security_cli.add_parsers(commands, [common], _add_store_flags)
+    zoo_cli.add_parsers(commands, [common], _add_local_job_flags)
     k8s_cli.add_parser(commands, [common])
     return parser
+
+
+def _add_local_job_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a local job as `elastic-run run` has them (for `elastic-run train`)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--standalone", action="store_true", help="start a private etcd for this job (the default)"
+    )
+    where.add_argument(
+        "--etcd",
+        metavar="HOST:PORT[,...]",
+        help="use this etcd instead (https://HOST:PORT for TLS: see the etcd TLS and auth flags)",
+    )
+    security_cli.add_security_flags(parser)
+    job_options.add_job_flags(parser)
+    add_observer_flags(parser)
 
 
 def _add_store_flags(parser: argparse.ArgumentParser) -> None:
@@ -189,7 +236,7 @@ def _add_store_flags(parser: argparse.ArgumentParser) -> None:
         "--etcd",
         default=os.environ.get(env.ETCD_ENDPOINTS),
         metavar="HOST:PORT[,...]",
-        help=f"etcd client endpoints (default: ${env.ETCD_ENDPOINTS})",
+        help=f"etcd client endpoints, https://HOST:PORT for TLS (default: ${env.ETCD_ENDPOINTS})",
     )
     parser.add_argument(
         "--job-id",
@@ -197,6 +244,7 @@ def _add_store_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"the job's id (default: ${env.JOB_ID})",
     )
+    security_cli.add_security_flags(parser)
 
 
 def _run_etcd(args: argparse.Namespace) -> int:
@@ -225,7 +273,9 @@ def _open_store(args: argparse.Namespace) -> EtcdStore:
         raise ConfigError(f"no etcd endpoint: pass --etcd HOST:PORT or set {env.ETCD_ENDPOINTS}")
     if not args.job_id:
         raise ConfigError(f"no job id: pass --job-id NAME or set {env.JOB_ID}")
-    return EtcdStore(parse_endpoints(args.etcd), args.job_id)
+    return EtcdStore(
+        parse_endpoints(args.etcd), args.job_id, security=security_cli.security_from_args(args)
+    )
 
 
 def _run_keys(args: argparse.Namespace) -> int:
@@ -243,7 +293,20 @@ def _run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = ("run", "join", "scale", "status", "etcd", "keys", "k8s")
+_COMMANDS = (
+    "run",
+    "join",
+    "scale",
+    "status",
+    "etcd",
+    "keys",
+    "timeline",
+    "certs",
+    "etcd-user",
+    "train",
+    "predict",
+    "k8s",
+)
 
 
 def _open_job(args: argparse.Namespace) -> tuple[EtcdStore, JobConfig]:
@@ -267,6 +330,8 @@ def _run_join(args: argparse.Namespace) -> int:
     nproc = args.nproc_per_node or config.settings.nproc_per_node
     node_id = keys.validate_node_id(args.node_id or f"j{os.getpid()}")
     logging.getLogger().setLevel(logging.INFO)
+    # The agent and its training processes open their stores from the environment.
+    security_cli.export_security(security_cli.security_from_args(args))
     agent = Agent(
         AgentSettings(
             etcd=args.etcd,
@@ -319,7 +384,37 @@ def _run_status(args: argparse.Namespace) -> int:
     print(f"last commit: {json.dumps(progress)}")
     for skipped in job.skipped:
         print(f"skipped key {skipped.key}: {skipped.reason}")
+    dashboard = job.leader.record.dashboard if job.leader is not None else None
+    if dashboard is not None:
+        print(f"dashboard: http://{dashboard}/")
+        try:
+            events = recent_events(dashboard, count=5)
+        except (OSError, ValueError) as exc:
+            print(f"  (not reachable from here: {exc})")
+        else:
+            for event in events:
+                print(f"  {event.kind.value} (epoch {event.epoch}): {event.message}")
     return 0
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    picture, skipped = render_timeline(Path(args.events_file), Path(args.output))
+    for reason in skipped:
+        print(f"elastic-run timeline: skipped {reason}", file=sys.stderr)
+    print(
+        f"elastic-run timeline: {len(picture.epochs)} ring epochs, {len(picture.marks)} joins, "
+        f"leaves and crashes -> {args.output}"
+    )
+    return 0
+
+
+def _refuse_security_flags(args: argparse.Namespace) -> None:
+    given = security_cli.given_security_flags(args)
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} without --etcd: the private etcd of --standalone is plain HTTP "
+            "on loopback; pass --etcd https://HOST:PORT for an etcd with TLS"
+        )
 
 
 def _run_job(args: argparse.Namespace) -> int:
@@ -343,6 +438,7 @@ def _run_job(args: argparse.Namespace) -> int:
         python_script_args(command)
     logging.getLogger().setLevel(logging.INFO)
     settings = job_options.job_settings(options)
+    observing = observer_settings(args, job_id)
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -351,10 +447,15 @@ def _run_job(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         etcd = args.etcd
         if etcd is None:
+            _refuse_security_flags(args)
+            security_cli.export_security(EtcdSecurity())  # zero configuration: loopback, plain
             server = stack.enter_context(EmbeddedEtcd(fast=False))
             etcd = server.endpoints_text
         else:
-            EtcdStore(etcd, job_id).check()
+            # The launcher, its agents and their training processes read it from the environment.
+            security = security_cli.security_from_args(args)
+            security_cli.export_security(security)
+            EtcdStore(etcd, job_id, security=security).check()
         print(f"elastic-run: job {job_id} on etcd {etcd}", flush=True)
         template = NodeTemplate(
             etcd=etcd,
@@ -365,12 +466,14 @@ def _run_job(args: argparse.Namespace) -> int:
                 os.path.abspath(options.checkpoint_dir) if options.checkpoint_dir else None
             ),
         )
+        observer = JobObserver(job_id, settings, observing)
+        print(f"elastic-run: events in {observing.events_file}", flush=True)
         if kube_mode is not None:
             launch = LaunchSettings(options.workers, settings, template, kube_mode.pod_ip)
-            result = run_in_kubernetes(launch, kube_mode)
+            result = run_in_kubernetes(launch, kube_mode, observer)
         else:
             launch = LaunchSettings(options.workers, settings, template)
-            result = Launcher(launch, LocalProvisioner(template)).run()
+            result = Launcher(launch, LocalProvisioner(template), observer=observer).run()
     print(
         f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "
         f"{result.reason}",
@@ -402,6 +505,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "scale": _run_scale,
             "status": _run_status,
             "keys": _run_keys,
+            "timeline": _run_timeline,
+            "certs": security_cli.run_certs,
+            "etcd-user": lambda args: security_cli.run_etcd_user(args, _open_store(args)),
+            "train": lambda args: zoo_cli.run_train(args, _run_job),
+            "predict": zoo_cli.run_predict,
             "k8s": k8s_cli.run,
         }
         return handlers[args.command](args)

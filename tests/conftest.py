@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Store
+from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, Store
+from tests.helpers.tls import TlsEtcd, start_tls_etcd
 
 ROOT = Path(__file__).resolve().parent.parent
 _job_numbers = itertools.count(1)
@@ -43,23 +44,45 @@ def fresh_job_id(stem: str = "job") -> str:
 StoreFactory = Callable[..., Store]
 
 
-def _etcd_store_factory(server: EmbeddedEtcd, made: list[Store]) -> StoreFactory:
+def _etcd_store_factory(
+    server: EmbeddedEtcd, made: list[Store], security: EtcdSecurity | None = None
+) -> StoreFactory:
     def make(job_id: str | None = None, endpoints: str | None = None) -> Store:
-        store = EtcdStore(endpoints or server.endpoints_text, job_id or fresh_job_id())
+        store = EtcdStore(
+            endpoints or server.endpoints_text, job_id or fresh_job_id(), security=security
+        )
         made.append(store)
         return store
 
     return make
 
 
-@pytest.fixture(params=["etcd"])
+@pytest.fixture(scope="session")
+def tls_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsEtcd]:
+    """One etcd with TLS, client-certificate auth and etcd's auth on (root and job users)."""
+    server = start_tls_etcd(tmp_path_factory.mktemp("tls-etcd"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["etcd", "etcd-tls"])
 def store_factory(
-    request: pytest.FixtureRequest, etcd_server: EmbeddedEtcd
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[StoreFactory]:
-    """Makes stores of one implementation (the contract suite runs once per implementation)."""
+    """Makes stores of one implementation (the contract suite runs once per implementation):
+    plain etcd, and etcd over TLS with a client certificate and etcd's auth (as root, whose
+    settings are also in the environment for the processes a test starts)."""
     made: list[Store] = []
     if request.param == "etcd":
-        yield _etcd_store_factory(etcd_server, made)
+        yield _etcd_store_factory(request.getfixturevalue("etcd_server"), made)
+    else:
+        tls: TlsEtcd = request.getfixturevalue("tls_etcd")
+        for variable, value in tls.root.to_environment().items():
+            if value is not None:
+                monkeypatch.setenv(variable, value)
+        yield _etcd_store_factory(tls.server, made, tls.root)
     for store in made:
         store.close()
 

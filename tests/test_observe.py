@@ -57,13 +57,13 @@ def test_metrics_count_membership_changes_recoveries_and_reform_times() -> None:
     crash = MembershipChange(ChangeKind.CRASHED, 1, ("n1.0",), "crashed")
     metrics.record(JobEvent.of_change(crash, 101.0))
     metrics.record(reformed(2, EpochCause.FAILURE, 0.3, "n0.0"))
-    joined = MembershipChange(ChangeKind.JOINED, 3, ("n1.0",), "joined")
+    joined = MembershipChange(ChangeKind.JOINED, 3, ("n1.0", "n2.0"), "joined")
     metrics.record(JobEvent.of_change(joined, 102.0))
     metrics.record(reformed(3, EpochCause.RESIZE, 2.0, "n0.0", "n1.0"))
     metrics.record(JobEvent(103.0, EventKind.FINISHED, 3, "done", succeeded=True))
     got = samples(metrics)
     assert got[("elastic_membership_changes_total", (("kind", "Crashed"),))] == 1
-    assert got[("elastic_membership_changes_total", (("kind", "Joined"),))] == 1
+    assert got[("elastic_membership_changes_total", (("kind", "Joined"),))] == 2  # slots
     assert got[("elastic_membership_changes_total", (("kind", "Reformed"),))] == 3
     assert got[("elastic_recoveries_total", (("cause", "failure"),))] == 1
     assert got[("elastic_recoveries_total", (("cause", "resize"),))] == 1

@@ -1,4 +1,5 @@
-"""Membership store: the abstract interface (:mod:`.api`), etcd (:mod:`.etcd`), private etcd."""
+"""Membership store: the abstract interface (:mod:`.api`), etcd (:mod:`.etcd`), private etcd,
+TLS and credentials of an etcd client (:mod:`.security`)."""
 
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.store.api import (
@@ -10,17 +11,20 @@ from elastic_allreduce.store.api import (
     Watch,
     WatchEvent,
 )
-from elastic_allreduce.store.embedded import EmbeddedEtcd
+from elastic_allreduce.store.embedded import EmbeddedEtcd, ServerTls
 from elastic_allreduce.store.etcd import Endpoint, EtcdStore, parse_endpoints
+from elastic_allreduce.store.security import EtcdSecurity
 
 __all__ = [
     "EmbeddedEtcd",
     "Endpoint",
+    "EtcdSecurity",
     "EtcdStore",
     "EventType",
     "JsonValue",
     "KeyValue",
     "Lease",
+    "ServerTls",
     "Snapshot",
     "Store",
     "Watch",

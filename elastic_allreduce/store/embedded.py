@@ -4,6 +4,12 @@ It runs the etcd binary found by :func:`find_etcd_binary` with a data directory 
 waits until ``/health`` answers, and stops it on :meth:`EmbeddedEtcd.stop`, on interpreter exit,
 and (on Linux) when the thread that started it dies. :meth:`EmbeddedEtcd.restart` brings it back
 on the same data directory and ports, which is how tests simulate a server crash.
+
+By default it speaks plain HTTP on loopback (``--standalone`` and most tests). With
+``tls=ServerTls(...)`` it serves ``https://`` with the given certificate and, with a trusted CA,
+requires client certificates signed by it (etcd's ``--client-cert-auth``); its health is then
+probed on a plain-HTTP metrics port of its own, which serves nothing but ``/health`` and
+``/metrics``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -75,11 +82,23 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS of a private etcd: its server certificate and key (which must name the host it
+    listens on and, for etcd's own gateway, allow client auth too), and the CA whose client
+    certificates it accepts; with ``trusted_ca`` None any client may connect."""
+
+    cert: str | Path
+    key: str | Path
+    trusted_ca: str | Path | None = None
+
+
 class EmbeddedEtcd:
     """One private single-member etcd process.
 
     ``fast`` (the default) uses a 10 ms heartbeat and 100 ms election timeout: the server is
     ready in about 0.1 s and honours 1 s lease TTLs, which is right for one loopback member.
+    ``tls`` serves clients over TLS (see :class:`ServerTls`); the default is plain HTTP.
     """
 
     def __init__(
@@ -92,6 +111,7 @@ class EmbeddedEtcd:
         binary: str | None = None,
         fast: bool = True,
         log_path: str | Path | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="elastic-allreduce-etcd-"))
@@ -99,6 +119,9 @@ class EmbeddedEtcd:
         self._fixed_ports = client_port is not None
         self.client_port = client_port or 0
         self.peer_port = peer_port or 0
+        #: With TLS, the plain-HTTP port of /health (the client port needs a certificate).
+        self.metrics_port = 0
+        self.tls = tls
         self.binary = binary or find_etcd_binary()
         self.fast = fast
         self.log_path = Path(log_path) if log_path else self.data_dir.with_suffix(".log")
@@ -108,11 +131,11 @@ class EmbeddedEtcd:
     @property
     def endpoint(self) -> Endpoint:
         """The client endpoint (valid once started)."""
-        return Endpoint(self.host, self.client_port)
+        return Endpoint(self.host, self.client_port, tls=self.tls is not None)
 
     @property
     def endpoints_text(self) -> str:
-        """The endpoint as ``HOST:PORT``, the form ``--etcd`` takes."""
+        """The endpoint as ``--etcd`` takes it: ``HOST:PORT``, or ``https://HOST:PORT``."""
         return str(self.endpoint)
 
     @property
@@ -121,7 +144,8 @@ class EmbeddedEtcd:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _command(self) -> list[str]:
-        client_url = f"http://{self.host}:{self.client_port}"
+        scheme = "https" if self.tls is not None else "http"
+        client_url = f"{scheme}://{self.host}:{self.client_port}"
         peer_url = f"http://{self.host}:{self.peer_port}"
         command = [
             self.binary,
@@ -137,6 +161,14 @@ class EmbeddedEtcd:
         ]
         if self.fast:
             command += ["--heartbeat-interval=10", "--election-timeout=100"]
+        if self.tls is not None:
+            command += [
+                f"--cert-file={self.tls.cert}",
+                f"--key-file={self.tls.key}",
+                f"--listen-metrics-urls=http://{self.host}:{self.metrics_port}",
+            ]
+            if self.tls.trusted_ca is not None:
+                command += ["--client-cert-auth", f"--trusted-ca-file={self.tls.trusted_ca}"]
         # Idle watches get a progress notification instead of timing out and reconnecting.
         command.append("--experimental-watch-progress-notify-interval=5s")
         return command
@@ -149,8 +181,11 @@ class EmbeddedEtcd:
         for attempt in range(1, attempts + 1):
             if not self._fixed_ports and (attempt > 1 or not self.client_port):
                 self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
+                self.metrics_port = 0
             elif not self.peer_port:
                 self.peer_port = free_port(self.host)
+            if self.tls is not None and not self.metrics_port:
+                self.metrics_port = free_port(self.host)
             try:
                 self._spawn_and_wait(timeout)
                 return self
@@ -160,8 +195,14 @@ class EmbeddedEtcd:
                 log.info("etcd port clash on attempt %d, retrying with new ports", attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _health_url(self) -> str:
+        if self.tls is not None:
+            return f"http://{self.host}:{self.metrics_port}/health"
+        return f"http://{self.endpoint}/health"
+
     def _spawn_and_wait(self, timeout: float) -> None:
-        for port in (self.client_port, self.peer_port):
+        ports = (self.client_port, self.peer_port, *((self.metrics_port,) if self.tls else ()))
+        for port in ports:
             # A server already on the port would answer our health probe in etcd's place.
             if not port_is_free(self.host, port):
                 raise EtcdServerError(
@@ -178,10 +219,10 @@ class EmbeddedEtcd:
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
             )
         deadline = time.monotonic() + timeout
-        url = f"http://{self.endpoint}/health"
+        url = self._health_url()
         while True:
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as reply:
+                with urllib.request.urlopen(url, timeout=1.0) as reply:  # noqa: S310 - http://
                     healthy = json.loads(reply.read()).get("health") == "true"
                 if healthy and proc.poll() is None:
                     return

@@ -5,6 +5,13 @@ when the server restarts and hides revisions, compaction and errors, so the watc
 read directly from the same gateway endpoint (``POST /v3/watch``) with :mod:`http.client`, where
 this module owns the socket: it can resume after the last delivered revision, re-list after a
 compaction, and be shut down from another thread. etcd >= 3.4 is required (``/v3/`` gateway).
+
+Over ``https://`` endpoints both paths use TLS with the files of an
+:class:`~elastic_allreduce.store.security.EtcdSecurity` (etcd's certificate verified against the
+CA given, the client certificate presented). With an etcd user, the transport signs in at
+``/v3/auth/authenticate`` and sends the token in the ``Authorization`` header of every request
+and watch stream; a token the server no longer knows (a restart, expiry) is renewed once and the
+request retried. TLS and auth refusals become one :class:`StoreAuthError` saying what to change.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import (
     ConfigError,
     LeaseLostError,
+    StoreAuthError,
     StoreError,
     StoreUnavailableError,
     WatchClosedError,
@@ -44,6 +52,7 @@ from elastic_allreduce.store.api import (
     Watch,
     WatchEvent,
 )
+from elastic_allreduce.store.security import EtcdSecurity, describe_source
 
 log = logging.getLogger(__name__)
 
@@ -54,23 +63,24 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One etcd client URL (plain HTTP for now)."""
+    """One etcd client URL: plain HTTP (shown as ``HOST:PORT``) or TLS (``https://HOST:PORT``)."""
 
     host: str
     port: int
+    tls: bool = False
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return f"{'https://' if self.tls else ''}{host}:{self.port}"
 
 
 def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
-    """Parse ``HOST:PORT[,HOST:PORT...]`` (an ``http://`` prefix is allowed); ConfigError if bad."""
+    """Parse ``[http://|https://]HOST:PORT[,...]`` (one scheme for all); ConfigError if bad."""
     endpoints: list[Endpoint] = []
     for raw in text.split(","):
-        item = raw.strip().removeprefix("http://").rstrip("/")
-        if item.startswith("https://"):
-            raise ConfigError(f"etcd endpoint {raw!r}: TLS is not supported yet; use http://")
+        item = raw.strip().rstrip("/")
+        tls = item.startswith("https://")
+        item = item.removeprefix("https://").removeprefix("http://")
         host, sep, port_text = item.rpartition(":")
         host = host.strip("[]")
         if not item or not sep:
@@ -80,7 +90,11 @@ def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
                 f"invalid etcd endpoint {raw!r} in {text!r}: use HOST:PORT[,HOST:PORT...], "
                 "for example 127.0.0.1:2379"
             )
-        endpoints.append(Endpoint(host, int(port_text)))
+        endpoints.append(Endpoint(host, int(port_text), tls))
+    if len({endpoint.tls for endpoint in endpoints}) > 1:
+        raise ConfigError(
+            f"etcd endpoints {text!r} mix http:// and https://: one cluster speaks one of them"
+        )
     return tuple(endpoints)
 
 
@@ -92,7 +106,7 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def _prefix_end(prefix: str) -> str:
+def prefix_end(prefix: str) -> str:
     """The range end that selects every key starting with ``prefix`` (prefix is non-empty)."""
     raw = bytearray(prefix.encode())
     raw[-1] += 1
@@ -104,47 +118,156 @@ def _int(fields: Mapping[str, Any], name: str) -> int:
     return int(fields.get(name, 0))
 
 
-class _Transport:
-    """Unary calls to the first endpoint that answers, remembering which one did."""
+class _InvalidToken(Exception):
+    """etcd no longer knows the auth token sent (it restarted, or the token expired)."""
 
-    def __init__(self, endpoints: Sequence[Endpoint], request_timeout: float) -> None:
+
+#: OpenSSL's names of the alerts a server sends when it refuses the client's certificate.
+_CLIENT_CERT_REFUSED: Final = ("ALERT_BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "ALERT_UNKNOWN_CA")
+
+
+class _Transport:
+    """Unary calls to the first endpoint that answers, remembering which one did; over TLS
+    with the security settings' files, signed in as their etcd user if one is given."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        request_timeout: float,
+        security: EtcdSecurity | None = None,
+    ) -> None:
         if not endpoints:
             raise ConfigError("no etcd endpoint given: pass --etcd HOST:PORT[,...]")
         self.endpoints = tuple(endpoints)
         self.request_timeout = request_timeout
+        self.security = security = security or EtcdSecurity()
+        self.tls = self.endpoints[0].tls
+        security.check(tls=self.tls)
+        #: The watch stream's TLS context (built first: it checks every file).
+        self.ssl_context = security.ssl_context() if self.tls else None
+        self._password = security.read_password()
+        self._request_options: dict[str, Any] = {}
+        if self.tls:
+            # Explicit on every request: a session's own setting would lose to $REQUESTS_CA_BUNDLE.
+            self._request_options["verify"] = security.cacert or True
+            if security.cert is not None:
+                self._request_options["cert"] = (security.cert, security.key)
         self._clients = [
-            Etcd3Client(host=ep.host, port=ep.port, timeout=request_timeout, api_path=API_PATH)
+            Etcd3Client(
+                host=ep.host,
+                port=ep.port,
+                protocol="https" if ep.tls else "http",
+                timeout=request_timeout,
+                api_path=API_PATH,
+            )
             for ep in self.endpoints
         ]
         self._preferred = 0
         self._lock = threading.Lock()
+        #: None: not signed in yet; "": etcd's auth is off (nothing to send).
+        self._token: str | None = None
+        self._token_lock = threading.Lock()
 
     def describe(self) -> str:
         return "etcd at " + ",".join(str(ep) for ep in self.endpoints)
 
     def unavailable(self, detail: object) -> StoreUnavailableError:
+        hint = ""
+        closed = ("Remote end closed connection", "Connection reset by peer", "Connection aborted")
+        if not self.tls and any(sign in str(detail) for sign in closed):
+            hint = " (if it serves TLS, pass --etcd https://HOST:PORT)"
         return StoreUnavailableError(
-            f"{self.describe()} is unreachable: {detail}; start it or pass --etcd HOST:PORT"
+            f"{self.describe()} is unreachable: {detail}{hint}; start it or pass --etcd HOST:PORT"
         )
 
+    # -- authentication ----------------------------------------------------------------------
+
+    def auth_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of this client's etcd user (empty without one)."""
+        token = self._current_token()
+        return {"Authorization": token} if token else {}
+
+    def _current_token(self) -> str | None:
+        if self.security.user is None:
+            return None
+        with self._token_lock:
+            if self._token is None:
+                self._token = self._authenticate()
+            return self._token
+
+    def signed_in(self) -> bool:
+        """Whether this client holds a token of its etcd user (False without a user, or while
+        etcd's auth is off)."""
+        return bool(self._current_token())
+
+    def renew_token(self, rejected: str | None) -> None:
+        """Forget a token etcd rejected (the next request signs in again)."""
+        with self._token_lock:
+            if self._token == rejected:
+                self._token = None
+
+    def _authenticate(self) -> str:
+        user = self.security.user
+        try:
+            reply = self._call_endpoints(
+                "auth/authenticate", {"name": user, "password": self._password}, None
+            )
+        except StoreError as exc:
+            if "authentication is not enabled" in str(exc):
+                log.info("%s: etcd's auth is off; user %r is not needed", self.describe(), user)
+                return ""
+            raise
+        token = reply.get("token")
+        if not isinstance(token, str) or not token:
+            raise StoreError(f"{self.describe()} sent no token for user {user!r}: {reply!r}")
+        return token
+
+    # -- requests ----------------------------------------------------------------------------
+
     def call(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """POST a JSON request to ``/v3/<path>``, trying each endpoint once."""
+        """POST a JSON request to ``/v3/<path>``, trying each endpoint once (and signing in
+        again once if etcd no longer knows this client's token)."""
+        token = self._current_token()
+        try:
+            return self._call_endpoints(path, payload, token)
+        except _InvalidToken:
+            self.renew_token(token)
+            token = self._current_token()
+            try:
+                return self._call_endpoints(path, payload, token)
+            except _InvalidToken as exc:
+                raise StoreAuthError(
+                    f"{self.describe()} keeps refusing the token of etcd user "
+                    f"{self.security.user!r} right after sign-in: {exc}"
+                ) from exc
+
+    def _call_endpoints(
+        self, path: str, payload: Mapping[str, Any], token: str | None
+    ) -> dict[str, Any]:
         with self._lock:
             first = self._preferred
+        options = dict(self._request_options)
+        if token:
+            options["headers"] = {"Authorization": token}
         last_error: Exception | None = None
         for offset in range(len(self._clients)):
             index = (first + offset) % len(self._clients)
-            client = self._clients[index]
             try:
-                reply = client.post(client.get_url(path), data=json.dumps(payload))
+                reply = self._post(index, path, payload, options)
             except (
                 etcd3gw_exceptions.ConnectionFailedError,
                 etcd3gw_exceptions.ConnectionTimeoutError,
             ) as exc:
+                refusal = self.tls_refusal(exc, self.endpoints[index])
+                if refusal is not None:
+                    raise refusal from exc
                 last_error = exc
                 continue
             except etcd3gw_exceptions.Etcd3Exception as exc:
-                raise self._server_error(path, exc) from exc
+                detail = exc.detail_text or str(exc)
+                if self.token_rejected(detail):
+                    raise _InvalidToken(detail) from exc
+                raise self.server_error(path, payload, detail) from exc
             with self._lock:
                 self._preferred = index
             if not isinstance(reply, dict):
@@ -152,20 +275,156 @@ class _Transport:
             return reply
         raise self.unavailable(_first_line(last_error)) from last_error
 
-    def _server_error(self, path: str, exc: etcd3gw_exceptions.Etcd3Exception) -> StoreError:
-        detail = exc.detail_text or str(exc)
+    def _post(
+        self, index: int, path: str, payload: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> object:
+        """One POST to endpoint ``index``. etcd refuses a client certificate (or its absence)
+        either with an alert or by closing the TLS handshake; a handshake closed twice in a row
+        is taken for the refusal, once may be a server that was going away."""
+        client = self._clients[index]
+        url, data = client.get_url(path), json.dumps(payload)
+        try:
+            return client.post(url, data=data, **options)
+        except etcd3gw_exceptions.ConnectionFailedError as exc:
+            if not (self.tls and _handshake_closed(exc)):
+                raise
+        try:
+            return client.post(url, data=data, **options)
+        except etcd3gw_exceptions.ConnectionFailedError as exc:
+            refusal = self.tls_refusal(exc, self.endpoints[index], closed_is_refusal=True)
+            if refusal is not None:
+                raise refusal from exc
+            raise
+
+    def tls_refusal(
+        self, exc: BaseException, endpoint: Endpoint, *, closed_is_refusal: bool = False
+    ) -> StoreAuthError | None:
+        """The StoreAuthError for a TLS handshake that failed on identity (not on the network):
+        etcd's certificate not verified, the client's refused (with an alert or, when
+        ``closed_is_refusal``, by closing the handshake), or no TLS on the other side."""
+        text = _chain_text(exc)
+        security = self.security
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+            reason = _between(text, "certificate verify failed: ", " (_ssl") or "not verified"
+            trusted = (
+                f"{describe_source('cacert')} {security.cacert!r}"
+                if security.cacert
+                else "the system's CAs"
+            )
+            return StoreAuthError(
+                f"etcd at {endpoint} presented a certificate that {trusted} does not verify "
+                f"({reason}): pass the CA that signed etcd's server certificate, and an address "
+                "that certificate names"
+            )
+        if any(alert in text for alert in _CLIENT_CERT_REFUSED) or (
+            closed_is_refusal and _handshake_closed(exc)
+        ):
+            if security.cert is None:
+                return StoreAuthError(
+                    f"etcd at {endpoint} refused the TLS handshake: it requires a client "
+                    f"certificate; pass {describe_source('cert')} and {describe_source('key')}"
+                )
+            return StoreAuthError(
+                f"etcd at {endpoint} refused the client certificate {security.cert!r}: it is "
+                "not signed by a CA etcd trusts (its --trusted-ca-file); use one that is"
+            )
+        if "WRONG_VERSION_NUMBER" in text:
+            return StoreAuthError(
+                f"etcd at {endpoint} does not speak TLS: use http:// for it (or check the port)"
+            )
+        return None
+
+    def token_rejected(self, detail: str) -> bool:
+        """Whether etcd refused the token sent: one from before a restart, an expired one, or
+        none because auth was off at sign-in and has been turned on since."""
+        return "invalid auth token" in detail or (
+            "user name is empty" in detail and self.security.user is not None and not self._token
+        )
+
+    def server_error(self, path: str, payload: Mapping[str, Any], detail: str) -> StoreError:
+        """The error for etcd's refusal ``detail`` of a request to ``path``."""
         if "etcdserver: leader changed" in detail or "no leader" in detail:
             return self.unavailable(detail)
         if "requested lease not found" in detail:
             return LeaseLostError(
                 f"{self.describe()}: the lease is gone (expired or revoked); grant a new one"
             )
+        refusal = self._auth_refusal(path, payload, detail)
+        if refusal is not None:
+            return refusal
         return StoreError(f"{self.describe()} rejected {path}: {detail}")
+
+    def _auth_refusal(
+        self, path: str, payload: Mapping[str, Any], detail: str
+    ) -> StoreAuthError | None:
+        user = self.security.user
+        if "permission denied" in detail:
+            return StoreAuthError(
+                f"{self.describe()}: permission denied {_what(path, payload)} for "
+                f"{f'etcd user {user!r}' if user else 'a client without an etcd user'}: its "
+                "role does not cover these keys; use the job's own credentials "
+                "(--etcd-user, --etcd-password-file), or grant them with `elastic-run etcd-user`"
+            )
+        if "user name is empty" in detail:
+            return StoreAuthError(
+                f"{self.describe()} has authentication enabled: pass {describe_source('user')} "
+                f"and {describe_source('password_file')}"
+            )
+        if "authentication failed" in detail:
+            return StoreAuthError(
+                f"{self.describe()} refused etcd user {user!r}: wrong user name or password "
+                f"({describe_source('user')}, {describe_source('password_file')})"
+            )
+        if "CommonName of client" in detail:
+            return StoreAuthError(
+                f"{self.describe()} refused the client certificate {self.security.cert!r}: it "
+                "has a common name, which etcd's HTTP gateway refuses while auth is on; use one "
+                "without (as `elastic-run certs` makes them)"
+            )
+        return None
+
+
+def _what(path: str, payload: Mapping[str, Any]) -> str:
+    """``on key '/a/b'`` (or ``on keys '/a/'..``) of a request, for permission errors."""
+    key = payload.get("key")
+    if key is None:
+        compares = payload.get("compare") or [{}]
+        key = compares[0].get("key")
+    if not isinstance(key, str):
+        return f"for {path}"
+    try:
+        name = _unb64(key).decode()
+    except ValueError:
+        return f"for {path}"
+    return f"on {'keys from' if payload.get('range_end') else 'key'} {name!r} ({path})"
+
+
+def _chain_text(exc: BaseException) -> str:
+    """The messages of an exception and of every exception it was raised from or during."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(str(getattr(current, "detail_text", None) or current))
+        current = current.__cause__ or current.__context__
+    return " | ".join(parts)
+
+
+def _between(text: str, start: str, end: str) -> str:
+    _, found, rest = text.partition(start)
+    return rest.partition(end)[0] if found else ""
 
 
 def _first_line(exc: object) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    text = str(getattr(exc, "detail_text", None) or exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
+
+
+def _handshake_closed(exc: BaseException) -> bool:
+    """Whether a TLS handshake ended because the other side closed the connection."""
+    text = _chain_text(exc)
+    return "SSLEOFError" in text or "UNEXPECTED_EOF" in text
 
 
 class EtcdStore(Store):
@@ -178,11 +437,17 @@ class EtcdStore(Store):
         *,
         root: str = DEFAULT_ROOT,
         request_timeout: float = 5.0,
+        security: EtcdSecurity | None = None,
     ) -> None:
+        """``security``: TLS files and etcd user; None reads them from the environment
+        (:meth:`EtcdSecurity.from_environment`), which is how the processes a command line
+        starts get its settings. ConfigError for a bad endpoint, file or combination."""
         super().__init__(job_id, root)
         if isinstance(endpoints, str):
             endpoints = parse_endpoints(endpoints)
-        self._transport = _Transport(endpoints, request_timeout)
+        if security is None:
+            security = EtcdSecurity.from_environment()
+        self._transport = _Transport(endpoints, request_timeout, security)
         self._children: list[_EtcdLease | _EtcdWatch] = []
         self._children_lock = threading.Lock()
         self._closed = False
@@ -231,7 +496,7 @@ class EtcdStore(Store):
         start = self.absolute(prefix, allow_empty=True)
         reply = self._transport.call(
             "kv/range",
-            {"key": _b64(start), "range_end": _b64(_prefix_end(start)), "sort_order": "ASCEND"},
+            {"key": _b64(start), "range_end": _b64(prefix_end(start)), "sort_order": "ASCEND"},
         )
         items = tuple(self._kv(fields) for fields in reply.get("kvs", []))
         for kv in items:
@@ -544,8 +809,15 @@ class _EtcdWatch(Watch):
                 # An idle stream (no event, no progress notification): reopen it quietly.
                 log.debug("job %s: watch on %r idle; reopening", self._store.job_id, self._prefix)
                 continue
+            except StoreAuthError as exc:  # a refusal is final: retrying cannot change it
+                self._events.put(exc)
+                return
             except (OSError, http.client.HTTPException, ValueError, StoreUnavailableError) as exc:
                 if self._stop.is_set():
+                    return
+                refusal = transport.tls_refusal(exc, endpoint) if endpoint.tls else None
+                if refusal is not None:
+                    self._events.put(refusal)
                     return
                 log.info(
                     "job %s: watch on %r lost its stream to %s (%s); resuming from revision %d",
@@ -577,9 +849,21 @@ class _EtcdWatch(Watch):
 
     def _stream(self, endpoint: Endpoint) -> None:
         """Open one watch stream and pump its events until it ends (raises on any failure)."""
-        conn = http.client.HTTPConnection(
-            endpoint.host, endpoint.port, timeout=self._store.transport.request_timeout
-        )
+        transport = self._store.transport
+        headers = {"Content-Type": "application/json", **transport.auth_headers()}
+        token = headers.get("Authorization")
+        conn: http.client.HTTPConnection
+        if endpoint.tls:
+            conn = http.client.HTTPSConnection(
+                endpoint.host,
+                endpoint.port,
+                timeout=transport.request_timeout,
+                context=transport.ssl_context,
+            )
+        else:
+            conn = http.client.HTTPConnection(
+                endpoint.host, endpoint.port, timeout=transport.request_timeout
+            )
         with self._conn_lock:
             if self._stop.is_set():
                 return
@@ -589,19 +873,21 @@ class _EtcdWatch(Watch):
                 {
                     "create_request": {
                         "key": _b64(self._start),
-                        "range_end": _b64(_prefix_end(self._start)),
+                        "range_end": _b64(prefix_end(self._start)),
                         "start_revision": str(self._next_revision),
                         "progress_notify": True,
                     }
                 }
             )
-            conn.request(
-                "POST", API_PATH + "watch", body=body, headers={"Content-Type": "application/json"}
-            )
+            conn.request("POST", API_PATH + "watch", body=body, headers=headers)
             response = conn.getresponse()
             if response.status != 200:
+                detail = response.read(1000).decode(errors="replace")
+                refusal = transport.server_error("watch", {"key": _b64(self._start)}, detail)
+                if isinstance(refusal, StoreAuthError):
+                    raise refusal
                 raise http.client.HTTPException(
-                    f"watch request answered {response.status} {response.reason}"
+                    f"watch request answered {response.status} {response.reason}: {detail}"
                 )
             if conn.sock is not None:
                 conn.sock.settimeout(self.IDLE_REOPEN_S)
@@ -613,13 +899,13 @@ class _EtcdWatch(Watch):
                 if not line:
                     raise ConnectionResetError("the server closed the watch stream")
                 if line.strip():
-                    self._handle(json.loads(line))
+                    self._handle(json.loads(line), token)
         finally:
             with self._conn_lock:
                 self._conn = None
             conn.close()
 
-    def _handle(self, message: Mapping[str, Any]) -> None:
+    def _handle(self, message: Mapping[str, Any], token: str | None) -> None:
         if "error" in message:
             raise ConnectionResetError(f"watch stream error: {message['error']}")
         result = message.get("result", {})
@@ -627,7 +913,14 @@ class _EtcdWatch(Watch):
         if compact_revision:
             raise _Compacted(compact_revision)
         if result.get("canceled"):
-            raise ConnectionResetError(f"watch canceled: {result.get('cancel_reason', '')}")
+            reason = str(result.get("cancel_reason", ""))
+            transport = self._store.transport
+            if transport.token_rejected(reason):
+                transport.renew_token(token)  # sign in again, then reconnect
+            elif "permission denied" in reason:
+                key = {"key": _b64(self._start), "range_end": _b64(prefix_end(self._start))}
+                raise transport.server_error("watch", key, reason)
+            raise ConnectionResetError(f"watch canceled: {reason}")
         events = result.get("events", [])
         for fields in events:
             event = self._store.decode_event(fields)

@@ -21,6 +21,7 @@ from typing import Any
 
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from launcher import job_options
+from launcher import zoo as zoo_cli
 from launcher.exit_codes import exit_code
 from launcher.k8s import manifests
 from launcher.k8s.client import KINDS, Kind, Kube, connect, kind_of
@@ -139,13 +140,21 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--etcd",
         metavar="HOST:PORT[,...]",
-        help=f"etcd endpoints (default: the namespace's {default_etcd_endpoints()})",
+        help=f"etcd endpoints, https:// for TLS (default: the namespace's "
+        f"{default_etcd_endpoints()})",
     )
     where.add_argument(
         "--with-etcd", action="store_true", help="also deploy the namespace's etcd StatefulSet"
     )
     parser.add_argument(
         "--etcd-replicas", type=int, default=3, metavar="N", help="etcd members (default 3)"
+    )
+    parser.add_argument(
+        "--etcd-plaintext",
+        action="store_true",
+        help="the namespace's etcd without TLS or auth, for a trusted network only (by default it "
+        "requires client certificates, and the job mounts its Secret "
+        "<job-id>-etcd-client: docs/kubernetes.md)",
     )
     priority = parser.add_mutually_exclusive_group()
     priority.add_argument(
@@ -187,7 +196,7 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
 
 def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
     """The JobSpec the flags describe (validated; ConfigError names the bad flag)."""
-    job = job_options.from_args(args)
+    job = zoo_cli.in_cluster(job_options.from_args(args))  # `train --model-def ...` too
     selector: dict[str, str] = {}
     for item in args.node_selector:
         key, sep, value = item.partition("=")
@@ -203,6 +212,7 @@ def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
         etcd=args.etcd,
         with_etcd=args.with_etcd,
         etcd_replicas=args.etcd_replicas,
+        etcd_tls=not args.etcd_plaintext,
         priority_class=None if args.no_priority_class else args.priority_class,
         with_priority_class=args.with_priority_class,
         network_policy=not args.no_network_policy,

@@ -8,12 +8,20 @@ resources, etcd, scheduling). ``render(JobSpec(...))`` returns, in the order to 
   ``with_priority_class``: creating it needs cluster rights that a job's submitter often lacks);
 - optionally a namespace's etcd (``with_etcd``): peer and client Services, a StatefulSet and the
   NetworkPolicy that lets only elastic-allreduce pods reach it. It carries no job label: jobs of
-  one namespace share it, and deleting a job leaves it;
+  one namespace share it, and deleting a job leaves it. Unless ``etcd_tls`` is off it serves
+  clients and peers over TLS only and requires client certificates, from the Secret
+  ``elastic-allreduce-etcd-tls``;
 - the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch
   and events create, nothing else), the worker pod template in a ConfigMap, the job's
   NetworkPolicies and the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
   The launcher Job runs ``elastic-run run --kubernetes`` with the job's flags
   (:func:`launcher.job_options.to_args`), so every job option reaches the launcher.
+
+With ``https://`` etcd endpoints (the default), the launcher and every worker mount the job's
+Secret ``<job-id>-etcd-client`` (CA, client certificate and key, the password of the job's etcd
+user, which is named like the job) and pass them as ``--etcd-cacert/--etcd-cert/--etcd-key/
+--etcd-user/--etcd-password-file`` (the launcher) or their variables (the workers' ``join``).
+The Secrets are made from ``elastic-run certs`` and ``elastic-run etcd-user`` (docs/kubernetes.md).
 
 Names and labels come from :mod:`launcher.k8s.naming`.
 
@@ -37,12 +45,17 @@ from launcher.job_options import JobOptions
 from launcher.k8s.naming import (
     APP_NAME,
     DEFAULT_NAMESPACE,
+    ETCD_CLIENT_DIR,
     ETCD_CLIENT_PORT,
+    ETCD_METRICS_PORT,
     ETCD_NAME,
     ETCD_PEER_PORT,
     ETCD_PEER_SERVICE,
+    ETCD_TLS_DIR,
+    ETCD_TLS_SECRET,
     GPU_RESOURCE,
     NAME_LABEL,
+    PASSWORD_KEY,
     PRIORITY_CLASS,
     ROLE_LABEL,
     ROLE_LAUNCHER,
@@ -50,8 +63,12 @@ from launcher.k8s.naming import (
     TEMPLATE_DIR,
     TEMPLATE_KEY,
     TEMPLATE_PATH,
+    TLS_CA,
+    TLS_CERT,
+    TLS_KEY,
     api_policy_name,
     default_etcd_endpoints,
+    etcd_client_secret,
     etcd_labels,
     job_labels,
     launcher_name,
@@ -136,6 +153,8 @@ class JobSpec:
     memory: str = "2Gi"
     etcd: str | None = None  # default: the namespace's etcd Service
     with_etcd: bool = False
+    #: The namespace's etcd (``with_etcd``, and the default endpoints) speaks TLS only.
+    etcd_tls: bool = True
     etcd_replicas: int = 3
     priority_class: str | None = PRIORITY_CLASS
     with_priority_class: bool = False
@@ -149,7 +168,12 @@ class JobSpec:
 
     @property
     def etcd_endpoints(self) -> str:
-        return self.etcd or default_etcd_endpoints()
+        return self.etcd or default_etcd_endpoints(self.etcd_tls)
+
+    @property
+    def client_tls(self) -> bool:
+        """Whether the job reaches etcd over TLS, with its client Secret mounted."""
+        return self.etcd_endpoints.startswith("https://")
 
     def validate(self) -> JobSpec:
         """Return self if every field is usable, else raise ConfigError naming the flag."""
@@ -209,6 +233,31 @@ def _container_security() -> Manifest:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
+#: The etcd client settings of a job's pods, as files of the job's client Secret.
+_CLIENT_FILES: Final = (
+    ("--etcd-cacert", env.ETCD_CACERT, f"{ETCD_CLIENT_DIR}/{TLS_CA}"),
+    ("--etcd-cert", env.ETCD_CERT, f"{ETCD_CLIENT_DIR}/{TLS_CERT}"),
+    ("--etcd-key", env.ETCD_KEY, f"{ETCD_CLIENT_DIR}/{TLS_KEY}"),
+    ("--etcd-password-file", env.ETCD_PASSWORD_FILE, f"{ETCD_CLIENT_DIR}/{PASSWORD_KEY}"),
+)
+
+
+def _client_volume(spec: JobSpec) -> Manifest:
+    return {"name": "etcd-client", "secret": {"secretName": etcd_client_secret(spec.job_id)}}
+
+
+def _client_mount() -> Manifest:
+    return {"name": "etcd-client", "mountPath": ETCD_CLIENT_DIR, "readOnly": True}
+
+
+def _client_flags(spec: JobSpec) -> list[str]:
+    """The launcher's etcd TLS and auth flags (none for a plain etcd)."""
+    if not spec.client_tls:
+        return []
+    flags = [part for flag, _, path in _CLIENT_FILES for part in (flag, path)]
+    return [*flags, "--etcd-user", spec.job_id]
+
+
 def worker_pod(spec: JobSpec) -> Manifest:
     """The worker pod template: the provisioner adds the name, the etcd, job, node and host
     variables, and creates one such pod per worker node."""
@@ -216,6 +265,15 @@ def worker_pod(spec: JobSpec) -> Manifest:
     limits: dict[str, str | int] = {"memory": spec.memory}
     if gpus:
         limits[GPU_RESOURCE] = gpus
+    variables = [{"name": env.GLOO_IFACE, "value": "eth0"}]
+    # NCCL and TensorFlow need more shared memory than a container's default 64 MiB.
+    mounts: list[Manifest] = [{"name": "dshm", "mountPath": "/dev/shm"}]  # noqa: S108
+    volumes: list[Manifest] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if spec.client_tls:
+        variables += [{"name": name, "value": path} for _, name, path in _CLIENT_FILES]
+        variables.append({"name": env.ETCD_USER, "value": spec.job_id})
+        mounts.append(_client_mount())
+        volumes.append(_client_volume(spec))
     pod_spec: Manifest = {
         "restartPolicy": "Never",
         # The agent's graceful leave (SIGTERM: leave the ring at the next commit) takes up to 60 s.
@@ -228,17 +286,16 @@ def worker_pod(spec: JobSpec) -> Manifest:
                 "name": "worker",
                 "image": spec.image,
                 "command": ["elastic-run", "join"],
-                "env": [{"name": env.GLOO_IFACE, "value": "eth0"}],
+                "env": variables,
                 "resources": {
                     "requests": {"cpu": spec.cpu, "memory": spec.memory},
                     "limits": limits,
                 },
                 "securityContext": _container_security(),
-                # NCCL and TensorFlow need more shared memory than a container's default 64 MiB.
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108
+                "volumeMounts": mounts,
             }
         ],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": volumes,
     }
     if spec.priority_class is not None:
         pod_spec["priorityClassName"] = spec.priority_class
@@ -270,12 +327,22 @@ def launcher_args(spec: JobSpec) -> list[str]:
         f"$({env.NAMESPACE})",
         "--etcd",
         spec.etcd_endpoints,
+        *_client_flags(spec),
         *job_options.to_args(spec.job),
     ]
 
 
 def _launcher_job(spec: JobSpec) -> Manifest:
     name = launcher_name(spec.job_id)
+    mounts: list[Manifest] = [
+        {"name": "worker-template", "mountPath": TEMPLATE_DIR, "readOnly": True}
+    ]
+    volumes: list[Manifest] = [
+        {"name": "worker-template", "configMap": {"name": template_name(spec.job_id)}}
+    ]
+    if spec.client_tls:
+        mounts.append(_client_mount())
+        volumes.append(_client_volume(spec))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -307,21 +374,10 @@ def _launcher_job(spec: JobSpec) -> Manifest:
                                 "limits": {"memory": "1Gi"},
                             },
                             "securityContext": _container_security(),
-                            "volumeMounts": [
-                                {
-                                    "name": "worker-template",
-                                    "mountPath": TEMPLATE_DIR,
-                                    "readOnly": True,
-                                }
-                            ],
+                            "volumeMounts": mounts,
                         }
                     ],
-                    "volumes": [
-                        {
-                            "name": "worker-template",
-                            "configMap": {"name": template_name(spec.job_id)},
-                        }
-                    ],
+                    "volumes": volumes,
                 },
             },
         },
@@ -429,10 +485,25 @@ def priority_class() -> Manifest:
     }
 
 
-def etcd(replicas: int = 3, image: str = ETCD_IMAGE) -> list[Manifest]:
-    """A namespace's etcd: headless peer Service, client Service, StatefulSet, NetworkPolicy."""
+def _etcd_tls_settings() -> dict[str, str]:
+    """etcd's TLS for clients and peers, each side requiring a certificate signed by the CA."""
+    files = {"CERT_FILE": TLS_CERT, "KEY_FILE": TLS_KEY, "TRUSTED_CA_FILE": TLS_CA}
+    settings = {}
+    for side in ("ETCD_", "ETCD_PEER_"):
+        settings.update({side + name: f"{ETCD_TLS_DIR}/{key}" for name, key in files.items()})
+        settings[side + "CLIENT_CERT_AUTH"] = "true"
+    # The readiness probe has no certificate: /health (and /metrics) on a plain port of its own.
+    settings["ETCD_LISTEN_METRICS_URLS"] = f"http://0.0.0.0:{ETCD_METRICS_PORT}"
+    return settings
+
+
+def etcd(replicas: int = 3, image: str = ETCD_IMAGE, *, tls: bool = True) -> list[Manifest]:
+    """A namespace's etcd: headless peer Service, client Service, StatefulSet, NetworkPolicy.
+    With ``tls`` clients and peers speak TLS only and need certificates signed by the CA of the
+    Secret ``elastic-allreduce-etcd-tls``, whose server certificate the members use."""
+    scheme = "https" if tls else "http"
     peers = ",".join(
-        f"{ETCD_NAME}-{i}=http://{ETCD_NAME}-{i}.{ETCD_PEER_SERVICE}.$(POD_NAMESPACE).svc:"
+        f"{ETCD_NAME}-{i}={scheme}://{ETCD_NAME}-{i}.{ETCD_PEER_SERVICE}.$(POD_NAMESPACE).svc:"
         f"{ETCD_PEER_PORT}"
         for i in range(replicas)
     )
@@ -440,16 +511,69 @@ def etcd(replicas: int = 3, image: str = ETCD_IMAGE) -> list[Manifest]:
     settings = {
         "ETCD_NAME": "$(POD_NAME)",
         "ETCD_DATA_DIR": "/var/lib/etcd/data",
-        "ETCD_LISTEN_CLIENT_URLS": f"http://0.0.0.0:{ETCD_CLIENT_PORT}",
-        "ETCD_LISTEN_PEER_URLS": f"http://0.0.0.0:{ETCD_PEER_PORT}",
-        "ETCD_ADVERTISE_CLIENT_URLS": f"http://{own}:{ETCD_CLIENT_PORT}",
-        "ETCD_INITIAL_ADVERTISE_PEER_URLS": f"http://{own}:{ETCD_PEER_PORT}",
+        "ETCD_LISTEN_CLIENT_URLS": f"{scheme}://0.0.0.0:{ETCD_CLIENT_PORT}",
+        "ETCD_LISTEN_PEER_URLS": f"{scheme}://0.0.0.0:{ETCD_PEER_PORT}",
+        "ETCD_ADVERTISE_CLIENT_URLS": f"{scheme}://{own}:{ETCD_CLIENT_PORT}",
+        "ETCD_INITIAL_ADVERTISE_PEER_URLS": f"{scheme}://{own}:{ETCD_PEER_PORT}",
         "ETCD_INITIAL_CLUSTER": peers,
         "ETCD_INITIAL_CLUSTER_STATE": "new",
         "ETCD_INITIAL_CLUSTER_TOKEN": ETCD_NAME,
         "ETCD_AUTO_COMPACTION_MODE": "periodic",
         "ETCD_AUTO_COMPACTION_RETENTION": "1h",
+        **(_etcd_tls_settings() if tls else {}),
     }
+    container_ports: list[Manifest] = [
+        {"name": "client", "containerPort": ETCD_CLIENT_PORT},
+        {"name": "peer", "containerPort": ETCD_PEER_PORT},
+    ]
+    mounts: list[Manifest] = [{"name": "data", "mountPath": "/var/lib/etcd"}]
+    volumes: list[Manifest] = []
+    if tls:
+        container_ports.append({"name": "metrics", "containerPort": ETCD_METRICS_PORT})
+        mounts.append({"name": "tls", "mountPath": ETCD_TLS_DIR, "readOnly": True})
+        volumes.append({"name": "tls", "secret": {"secretName": ETCD_TLS_SECRET}})
+    pod_spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            **_pod_security(),
+            "runAsUser": 65534,
+            "runAsGroup": 65534,
+            "fsGroup": 65534,
+        },
+        "containers": [
+            {
+                "name": "etcd",
+                "image": image,
+                "command": ["/usr/local/bin/etcd"],
+                "env": [
+                    {
+                        "name": "POD_NAME",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                    },
+                    {
+                        "name": "POD_NAMESPACE",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+                    },
+                    *({"name": k, "value": v} for k, v in settings.items()),
+                ],
+                "ports": container_ports,
+                "readinessProbe": {
+                    "httpGet": {"path": "/health", "port": "metrics" if tls else "client"},
+                    "periodSeconds": 5,
+                    "failureThreshold": 3,
+                },
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "256Mi"},
+                    "limits": {"memory": "512Mi"},
+                },
+                "securityContext": _container_security(),
+                "volumeMounts": mounts,
+            }
+        ],
+    }
+    if volumes:
+        pod_spec["volumes"] = volumes
     ports = [
         {"name": "client", "port": ETCD_CLIENT_PORT, "targetPort": "client"},
         {"name": "peer", "port": ETCD_PEER_PORT, "targetPort": "peer"},
@@ -484,54 +608,7 @@ def etcd(replicas: int = 3, image: str = ETCD_IMAGE) -> list[Manifest]:
                 # All members start together: none can become ready without a quorum.
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "automountServiceAccountToken": False,
-                        "enableServiceLinks": False,
-                        "securityContext": {
-                            **_pod_security(),
-                            "runAsUser": 65534,
-                            "runAsGroup": 65534,
-                            "fsGroup": 65534,
-                        },
-                        "containers": [
-                            {
-                                "name": "etcd",
-                                "image": image,
-                                "command": ["/usr/local/bin/etcd"],
-                                "env": [
-                                    {
-                                        "name": "POD_NAME",
-                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
-                                    },
-                                    {
-                                        "name": "POD_NAMESPACE",
-                                        "valueFrom": {
-                                            "fieldRef": {"fieldPath": "metadata.namespace"}
-                                        },
-                                    },
-                                    *({"name": k, "value": v} for k, v in settings.items()),
-                                ],
-                                "ports": [
-                                    {"name": "client", "containerPort": ETCD_CLIENT_PORT},
-                                    {"name": "peer", "containerPort": ETCD_PEER_PORT},
-                                ],
-                                "readinessProbe": {
-                                    "httpGet": {"path": "/health", "port": "client"},
-                                    "periodSeconds": 5,
-                                    "failureThreshold": 3,
-                                },
-                                "resources": {
-                                    "requests": {"cpu": "100m", "memory": "256Mi"},
-                                    "limits": {"memory": "512Mi"},
-                                },
-                                "securityContext": _container_security(),
-                                "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
-                            }
-                        ],
-                    },
-                },
+                "template": {"metadata": {"labels": labels}, "spec": pod_spec},
                 "volumeClaimTemplates": [
                     {
                         "metadata": {"name": "data"},
@@ -573,7 +650,9 @@ def render(spec: JobSpec) -> list[Manifest]:
     Namespaced objects carry ``metadata.namespace``."""
     spec.validate()
     cluster: list[Manifest] = [priority_class()] if spec.with_priority_class else []
-    namespaced: list[Manifest] = etcd(spec.etcd_replicas) if spec.with_etcd else []
+    namespaced: list[Manifest] = (
+        etcd(spec.etcd_replicas, tls=spec.etcd_tls) if spec.with_etcd else []
+    )
     namespaced += _rbac(spec)
     namespaced.append(_template_config_map(spec))
     if spec.network_policy:

@@ -49,6 +49,20 @@ ETCD_NAME: Final = "elastic-allreduce-etcd"
 ETCD_PEER_SERVICE: Final = "elastic-allreduce-etcd-peer"
 ETCD_CLIENT_PORT: Final = 2379
 ETCD_PEER_PORT: Final = 2380
+#: Plain-HTTP /health and /metrics of an etcd with TLS (its readiness probe needs no certificate).
+ETCD_METRICS_PORT: Final = 2381
+#: The Secret with the etcd's certificate, key and CA (``elastic-run certs``: docs/kubernetes.md),
+#: mounted at ETCD_TLS_DIR in every member; its keys are TLS_CA, TLS_CERT and TLS_KEY.
+ETCD_TLS_SECRET: Final = "elastic-allreduce-etcd-tls"  # noqa: S105 - a name
+ETCD_TLS_DIR: Final = "/etc/etcd/tls"
+#: Keys of the Secrets of etcd over TLS (those of a kubernetes.io/tls Secret, plus the CA).
+TLS_CA: Final = "ca.crt"
+TLS_CERT: Final = "tls.crt"
+TLS_KEY: Final = "tls.key"
+#: Key of a job's client Secret that holds its etcd user's password.
+PASSWORD_KEY: Final = "password"  # noqa: S105 - a key name
+#: Where a job's launcher and workers mount the job's etcd client Secret (etcd_client_secret).
+ETCD_CLIENT_DIR: Final = "/etc/elastic-allreduce-etcd"
 
 #: Where the launcher pod finds the worker pod template (the ConfigMap is mounted there).
 TEMPLATE_DIR: Final = "/etc/elastic-allreduce"
@@ -61,9 +75,10 @@ def etcd_labels() -> dict[str, str]:
     return {NAME_LABEL: "etcd", PART_OF_LABEL: APP_NAME}
 
 
-def default_etcd_endpoints() -> str:
-    """The endpoint of the namespace's etcd, as pods of that namespace reach it."""
-    return f"{ETCD_NAME}:{ETCD_CLIENT_PORT}"
+def default_etcd_endpoints(tls: bool = True) -> str:
+    """The endpoint of the namespace's etcd, as pods of that namespace reach it (``https://``
+    unless it runs without TLS)."""
+    return f"{'https://' if tls else ''}{ETCD_NAME}:{ETCD_CLIENT_PORT}"
 
 
 # -- a job's objects ---------------------------------------------------------------------------
@@ -112,6 +127,11 @@ def network_policy_name(job_id: str) -> str:
 def api_policy_name(job_id: str) -> str:
     """Name of the NetworkPolicy that lets the launcher reach the Kubernetes API."""
     return f"{job_id}-launcher-api"
+
+
+def etcd_client_secret(job_id: str) -> str:
+    """Name of the Secret with a job's etcd client certificate, key, CA and password."""
+    return f"{job_id}-etcd-client"
 
 
 def worker_pod_name(job_id: str, number: int) -> str:

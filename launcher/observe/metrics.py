@@ -42,7 +42,7 @@ class JobMetrics:
         Gauge("elastic_restarts_limit", "--max-restarts.", registry=r).set(settings.max_restarts)
         self.changes = Counter(
             "elastic_membership_changes",
-            "Membership changes by kind (Joined, Left, Crashed, Reformed).",
+            "Slots that joined, left or crashed, and ring epochs re-formed, by kind.",
             ["kind"],
             registry=r,
         )
@@ -78,7 +78,9 @@ class JobMetrics:
             return
         if event.kind in (EventKind.STARTED, EventKind.PROGRESS):
             return
-        self.changes.labels(event.kind.value).inc()
+        # A join, leave or crash counts each slot it concerns; a re-formed ring counts once.
+        slots = 1 if event.kind is EventKind.REFORMED else max(1, len(event.slots))
+        self.changes.labels(event.kind.value).inc(slots)
         if event.kind is EventKind.REFORMED and event.cause is not None:
             if event.cause != "start":
                 self.recoveries.labels(event.cause).inc()

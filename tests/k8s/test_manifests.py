@@ -16,10 +16,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from elastic_allreduce import env
+from elastic_allreduce.store import EtcdSecurity
 from launcher import job_options
 from launcher.job_options import JobOptions
 from launcher.k8s import manifests as m
 from launcher.k8s import naming as n
+from launcher.security_cli import security_from_args
 from tests.conftest import ROOT
 
 K8S = ROOT / "k8s"
@@ -203,7 +206,7 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
     assert args[:2] == ["run", "--kubernetes"]
     assert flag(args, "--worker-template") == f"{n.TEMPLATE_DIR}/{n.TEMPLATE_KEY}"
     assert flag(args, "--namespace") == "$(ELASTIC_ALLREDUCE_NAMESPACE)"
-    assert flag(args, "--etcd") == "elastic-allreduce-etcd:2379"
+    assert flag(args, "--etcd") == "https://elastic-allreduce-etcd:2379"
     low, start, high = (int(flag(args, f)) for f in ("--min-workers", "--workers", "--max-workers"))
     assert 1 <= low <= start <= high
     assert int(flag(args, "--nproc-per-node")) >= 1
@@ -231,9 +234,30 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
     assert config_map["metadata"]["name"] == f"{job_id}-worker-template"
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    [(name, mount)] = mounts.items()
-    assert mount["mountPath"] == n.TEMPLATE_DIR
-    assert volumes[name]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert set(mounts) == set(volumes) == {"worker-template", "etcd-client"}
+    assert mounts["worker-template"]["mountPath"] == n.TEMPLATE_DIR
+    assert volumes["worker-template"]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert_mounts_the_jobs_etcd_client_secret(mounts, volumes, job_id)
+    # The launcher's TLS files and etcd user: the job's, in the mounted Secret.
+    assert flag(args, "--etcd-user") == job_id
+    for option, key in (
+        ("--etcd-cacert", n.TLS_CA),
+        ("--etcd-cert", n.TLS_CERT),
+        ("--etcd-key", n.TLS_KEY),
+        ("--etcd-password-file", n.PASSWORD_KEY),
+    ):
+        assert flag(args, option) == f"{n.ETCD_CLIENT_DIR}/{key}"
+
+
+def assert_mounts_the_jobs_etcd_client_secret(
+    mounts: dict[str, Obj], volumes: dict[str, Obj], job_id: str
+) -> None:
+    assert mounts["etcd-client"] == {
+        "name": "etcd-client",
+        "mountPath": n.ETCD_CLIENT_DIR,
+        "readOnly": True,
+    }
+    assert volumes["etcd-client"]["secret"] == {"secretName": f"{job_id}-etcd-client"}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -254,6 +278,21 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
     assert container["image"] == launcher["image"]
     assert container["command"] == ["elastic-run", "join"]
     assert {"name": "ELASTIC_ALLREDUCE_GLOO_IFACE", "value": "eth0"} in container["env"]
+    # `elastic-run join` reads the job's etcd TLS files and user from these variables.
+    variables = {e["name"]: e.get("value") for e in container["env"]}
+    assert {name: variables.get(name) for name in env.ETCD_SECURITY} == {
+        "ELASTIC_ALLREDUCE_ETCD_CACERT": f"{n.ETCD_CLIENT_DIR}/ca.crt",
+        "ELASTIC_ALLREDUCE_ETCD_CERT": f"{n.ETCD_CLIENT_DIR}/tls.crt",
+        "ELASTIC_ALLREDUCE_ETCD_KEY": f"{n.ETCD_CLIENT_DIR}/tls.key",
+        "ELASTIC_ALLREDUCE_ETCD_USER": job_id,
+        "ELASTIC_ALLREDUCE_ETCD_PASSWORD_FILE": f"{n.ETCD_CLIENT_DIR}/password",
+        "ELASTIC_ALLREDUCE_ETCD_PASSWORD": None,
+    }
+    assert_mounts_the_jobs_etcd_client_secret(
+        {m["name"]: m for m in container["volumeMounts"]},
+        {v["name"]: v for v in spec["volumes"]},
+        job_id,
+    )
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 90
@@ -332,6 +371,7 @@ def test_etcd_has_the_members_its_initial_cluster_names(overlay: str, members: i
     peer_service = one(objects, "Service", spec["serviceName"])
     assert peer_service["spec"]["clusterIP"] == "None"
     assert peer_service["spec"]["publishNotReadyAddresses"] is True
+    assert all(f"=https://elastic-allreduce-etcd-{i}." in p for i, p in enumerate(peers))
     assert all(f".{spec['serviceName']}.$(POD_NAMESPACE).svc:2380" in p for p in peers)
     client = one(objects, "Service", "elastic-allreduce-etcd")
     assert client["spec"]["ports"] == [{"name": "client", "port": 2379, "targetPort": "client"}]
@@ -341,11 +381,40 @@ def test_etcd_has_the_members_its_initial_cluster_names(overlay: str, members: i
     assert tag.startswith("v3.5.")
     volumes = {v["name"] for v in spec["template"]["spec"].get("volumes", [])}
     claims = {c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])}
-    assert {m["name"] for m in container["volumeMounts"]} == {"data"}
+    assert {m["name"] for m in container["volumeMounts"]} == {"data", "tls"}
     if overlay == "base":
-        assert (claims, volumes) == ({"data"}, set())
+        assert (claims, volumes) == ({"data"}, {"tls"})
     else:
-        assert (claims, volumes) == (set(), {"data"})
+        assert (claims, volumes) == (set(), {"data", "tls"})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_etcd_speaks_only_tls_and_requires_client_certificates_from_its_secret(
+    overlay: str,
+) -> None:
+    objects = build(overlay)
+    settings = etcd_env(objects)
+    pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    for name in ("LISTEN_CLIENT_URLS", "ADVERTISE_CLIENT_URLS"):
+        assert settings[f"ETCD_{name}"].startswith("https://"), name
+    for name in ("LISTEN_PEER_URLS", "INITIAL_ADVERTISE_PEER_URLS"):
+        assert settings[f"ETCD_{name}"].startswith("https://"), name
+    for side in ("ETCD_", "ETCD_PEER_"):
+        assert settings[f"{side}CLIENT_CERT_AUTH"] == "true"
+        assert settings[f"{side}CERT_FILE"] == f"{n.ETCD_TLS_DIR}/tls.crt"
+        assert settings[f"{side}KEY_FILE"] == f"{n.ETCD_TLS_DIR}/tls.key"
+        assert settings[f"{side}TRUSTED_CA_FILE"] == f"{n.ETCD_TLS_DIR}/ca.crt"
+    mount = {m["name"]: m for m in container["volumeMounts"]}["tls"]
+    assert (mount["mountPath"], mount["readOnly"]) == (n.ETCD_TLS_DIR, True)
+    secret = {v["name"]: v for v in pod["volumes"]}["tls"]["secret"]
+    assert secret == {"secretName": "elastic-allreduce-etcd-tls"}
+    # The probe needs no certificate: /health on the plain metrics port, which no Service
+    # exposes and the NetworkPolicy does not open.
+    assert settings["ETCD_LISTEN_METRICS_URLS"] == "http://0.0.0.0:2381"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": 2381} in container["ports"]
+    assert all(2381 not in {p["port"] for p in s["spec"]["ports"]} for s in services(objects))
 
 
 def test_the_gpu_example_runs_the_cnn_on_2_to_8_workers_with_a_gpu_each() -> None:
@@ -359,6 +428,10 @@ def test_the_gpu_example_runs_the_cnn_on_2_to_8_workers_with_a_gpu_each() -> Non
     assert worker_template(objects)["spec"]["containers"][0]["image"] == (
         "elastic-allreduce:0.1.0-gpu"
     )
+
+
+def services(objects: tuple[Obj, ...]) -> list[Obj]:
+    return [o for o in objects if o["kind"] == "Service"]
 
 
 def normalized(objects: tuple[Obj, ...] | list[Obj]) -> dict[tuple[str, str], Obj]:
@@ -452,6 +525,18 @@ RENDER_SPECS = {
         tolerations=(m.Toleration("dedicated", value="ml"),),
         priority_class=None,
     ),
+    "plain etcd of the namespace": m.JobSpec(
+        image="ea:3",
+        job=job_options.job_options(("python", "train.py"), job_id="plain-1"),
+        with_etcd=True,
+        etcd_replicas=1,
+        etcd_tls=False,
+    ),
+    "external etcd over TLS": m.JobSpec(
+        image="ea:4",
+        job=job_options.job_options(("python", "train.py"), job_id="ext-tls"),
+        etcd="https://etcd-0.infra:2379,https://etcd-1.infra:2379",
+    ),
     "no network policy, external etcd": m.JobSpec(
         image="ea:2",
         job=job_options.job_options(
@@ -482,12 +567,30 @@ def test_render_output_validates(name: str) -> None:
     assert flag(args, "--etcd") == spec.etcd_endpoints
     assert args[args.index("--") + 1 :] == list(spec.job.command)
     assert ("NetworkPolicy" in {o["kind"] for o in objects}) == spec.network_policy
+    # TLS and the job's client Secret exactly when the endpoints are https://.
+    tls = name not in ("plain etcd of the namespace", "no network policy, external etcd")
+    assert spec.etcd_endpoints.startswith("https://") == tls
+    for pod in (template, one(objects, "Job")["spec"]["template"]):
+        secrets = [v for v in pod["spec"]["volumes"] if "secret" in v]
+        assert secrets == ([_client_secret(spec.job_id)] if tls else []), name
+    assert ("--etcd-cacert" in args) == tls
+    if spec.with_etcd:
+        settings = {
+            e["name"]: e.get("value")
+            for e in one(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert settings["ETCD_LISTEN_CLIENT_URLS"].startswith("https://" if tls else "http://")
+        assert ("ETCD_CLIENT_CERT_AUTH" in settings) == tls
     if spec.job.gpus_per_node:
         assert container["resources"]["limits"][n.GPU_RESOURCE] == spec.job.gpus_per_node
         assert "priorityClassName" not in template["spec"]
         assert template["spec"]["nodeSelector"] == dict(spec.node_selector)
         assert len(template["spec"]["tolerations"]) == 2
         assert one(objects, "StatefulSet")["spec"]["replicas"] == 5
+
+
+def _client_secret(job_id: str) -> Obj:
+    return {"name": "etcd-client", "secret": {"secretName": f"{job_id}-etcd-client"}}
 
 
 def parse_launcher_args(args: list[str], namespace: str) -> tuple[Any, JobOptions]:
@@ -508,8 +611,15 @@ def test_elastic_run_accepts_the_launchers_command_line(overlay: str) -> None:
     assert parsed.kubernetes is True
     assert parsed.worker_template == f"{n.TEMPLATE_DIR}/{n.TEMPLATE_KEY}"
     assert parsed.namespace == NAMESPACES[overlay]
-    assert parsed.etcd == "elastic-allreduce-etcd:2379"
+    assert parsed.etcd == "https://elastic-allreduce-etcd:2379"
     assert parsed.job_id == "elastic-job"
+    assert security_from_args(parsed) == EtcdSecurity(
+        cacert=f"{n.ETCD_CLIENT_DIR}/ca.crt",
+        cert=f"{n.ETCD_CLIENT_DIR}/tls.crt",
+        key=f"{n.ETCD_CLIENT_DIR}/tls.key",
+        user="elastic-job",
+        password_file=f"{n.ETCD_CLIENT_DIR}/password",
+    )
     assert parsed.min_workers <= parsed.workers <= parsed.max_workers
     assert parsed.command_args == args[args.index("--") :]
     # Every job option the overlay's job was rendered with reaches the launcher unchanged.

@@ -12,8 +12,11 @@ import tensorflow as tf
 import elastic_allreduce as ea
 
 
-def build():
-    """(model, optimizer, step_fn): the same data and initial weights on every rank."""
+def build(warmup=True):
+    """(model, optimizer, step_fn): the same data and initial weights on every rank.
+
+    With ``warmup=False`` the optimizer creates its variables only at its first step (as in a
+    script without Horovod's warm-up step)."""
     data = np.random.default_rng(1).normal(size=(64, 4)).astype("float32")
     targets = data.sum(axis=1, keepdims=True) * 3.0
     model = tf.keras.Sequential(
@@ -21,7 +24,8 @@ def build():
     )
     model.build((None, 4))
     optimizer = tf.keras.optimizers.Adam(0.01)
-    optimizer.build(model.trainable_variables)
+    if warmup:
+        optimizer.build(model.trainable_variables)
 
     @tf.function
     def step_fn():
@@ -31,6 +35,11 @@ def build():
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
     return model, optimizer, step_fn
+
+
+def checksum(variables):
+    """The sum of every value of ``variables`` (equal on ranks that hold the same state)."""
+    return round(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in variables), 6)
 
 
 def emit(event, state, model, **extra):

@@ -1,9 +1,9 @@
 """A TF2 training script on elastic_allreduce's API that trains until a stop file appears.
 
 Every ``--commit-every`` steps it commits, prints {"event": "commit", "step", "size", "rank",
-"checksum", "slot"} and asks all ranks (one allreduce) whether ``--stop-file`` exists, so every
-rank stops after the same commit; then it prints "done". The test decides when training ends
-instead of guessing a number of steps that outlasts its fault schedule.
+"checksum", "opt_checksum", "slot"} and asks all ranks (one allreduce) whether ``--stop-file``
+exists, so every rank stops after the same commit; then it prints "done". The test decides when
+training ends instead of guessing a number of steps that outlasts its fault schedule.
 """
 
 import argparse
@@ -20,14 +20,15 @@ parser.add_argument("--stop-file", required=True)
 parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--step-delay", type=float, default=0.02)
 parser.add_argument("--max-steps", type=int, default=100_000)
+parser.add_argument("--no-warmup", action="store_true", help="no optimizer.build before State")
 args = parser.parse_args()
 
 ea.init()
-model, optimizer, step_fn = tiny_model.build()
+model, optimizer, step_fn = tiny_model.build(warmup=not args.no_warmup)
 
 
 def emit(event, state):
-    tiny_model.emit(event, state, model)
+    tiny_model.emit(event, state, model, opt_checksum=tiny_model.checksum(optimizer.variables()))
 
 
 state = ea.State(model, optimizer, step=0)

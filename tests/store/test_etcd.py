@@ -151,9 +151,14 @@ def test_parse_endpoints_rejects_bad_input(text: str) -> None:
         parse_endpoints(text)
 
 
-def test_tls_endpoints_are_refused_with_a_clear_message() -> None:
-    with pytest.raises(ConfigError, match="TLS is not supported yet"):
-        parse_endpoints("https://etcd:2379")
+def test_https_endpoints_are_tls_and_print_as_given() -> None:
+    endpoints = parse_endpoints("https://etcd-0:2379,https://[::1]:2380")
+    assert [(e.host, e.port, e.tls) for e in endpoints] == [
+        ("etcd-0", 2379, True),
+        ("::1", 2380, True),
+    ]
+    assert [str(e) for e in endpoints] == ["https://etcd-0:2379", "https://[::1]:2380"]
+    assert [str(e) for e in parse_endpoints("http://a:1,b:2")] == ["a:1", "b:2"]
 
 
 @pytest.mark.parametrize("job_id", ["", "Job", "job_1", "-job", "job-", "x" * 41, "a/b"])

@@ -1,0 +1,135 @@
+"""Two small changes to Horovod's elastic API, installed by the bootstrap under `elastic-run` only.
+
+:func:`install` patches, in the training process before the user's script runs:
+
+1. ``horovod.tensorflow.elastic.TensorFlowKerasState.sync`` (and so ``KerasState``'s): the ranks
+   first agree on the state's shape (:func:`elastic_allreduce.sync.agree`). A restarted process
+   whose Keras optimizer has not created its variables yet gets them created -- so a script
+   without Horovod's warm-up step recovers instead of deadlocking -- and any other mismatch
+   raises StateMismatchError on every rank. ``elastic_allreduce.State`` does the same in its
+   own ``sync``.
+2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
+   ``hvd.elastic.run`` calls after each reset; it binds it when the script decorates its
+   training function): a process whose slot the launcher has already left out of the next ring
+   epoch -- a scale-down or a graceful leave -- exits with one line and NOT_ADMITTED_EXIT_CODE
+   (a leave, for the launcher) between the two instead of entering ``hvd.init()``.
+   There Horovod's background thread would receive rank -1 from the rendezvous and throw
+   ``std::runtime_error("... has been removed from elastic job")``, which nothing catches: the
+   C++ runtime prints ``terminate called after throwing ...`` and aborts the process.
+
+Why the ring in the store tells: the launcher writes the next epoch (compare-and-swap) before it
+notifies the members, and a slot left out of an epoch is never admitted again as the same
+process, so its ``rank_and_size`` would be answered -1.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Final
+
+import horovod.tensorflow as hvd
+import horovod.tensorflow.elastic as hvd_elastic
+
+from elastic_allreduce import runtime
+from elastic_allreduce.errors import ElasticAllreduceError
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.keys import split_slot
+from elastic_allreduce.records.values import NOT_ADMITTED_EXIT_CODE, MemberRecord, Ring
+from elastic_allreduce.store import EventType, Store
+from elastic_allreduce.sync import agree
+
+log = logging.getLogger(__name__)
+
+#: How long a process of a leaving node waits, at a reset, for the launcher's next ring epoch
+#: (normally written before the reset began) before it asks Horovod's rendezvous anyway.
+LEAVE_WAIT: Final = 5.0
+
+_PATCHED: Final = "_elastic_allreduce_patched"
+
+
+def install(store: Store) -> None:
+    """Patch Horovod's TensorFlowKerasState.sync and elastic reset (idempotent). ``store`` is
+    the process's connection to the job's store (the bootstrap's), read at resets."""
+    state_class: Any = hvd_elastic.TensorFlowKerasState
+    if getattr(state_class.sync, _PATCHED, False):
+        return
+    horovod_sync = state_class.sync
+
+    def sync(self: Any) -> None:  # noqa: ANN401
+        """Agree on the state's shape with every rank, then Horovod's sync (from rank 0)."""
+        agree(self.model, self.optimizer, self._saved_state)
+        horovod_sync(self)
+
+    setattr(sync, _PATCHED, True)
+    state_class.sync = sync
+    hvd_elastic._reset = QuietReset(store)
+
+
+class QuietReset:
+    """Horovod's elastic reset (``shutdown()``, ``init()``), unless this slot was removed from
+    the ring: then one line and exit code NOT_ADMITTED_EXIT_CODE."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __call__(self) -> None:
+        hvd.shutdown()
+        removed_in = self.removed_in_epoch()
+        if removed_in is not None:
+            print(
+                f"slot {runtime.slot()}: removed from the job (not a member of ring epoch "
+                f"{removed_in}); exiting",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(NOT_ADMITTED_EXIT_CODE)
+        hvd.init()
+        runtime.refresh_ring_epoch()
+
+    def removed_in_epoch(self) -> int | None:
+        """The ring epoch after this process's that leaves its slot out, or None (a member, or
+        not known: then Horovod's rendezvous decides). Never raises: a store that does not
+        answer leaves the decision to Horovod."""
+        slot = runtime.slot()
+        if slot is None:
+            return None
+        mine = runtime.ring_epoch()
+        try:
+            ring = _ring(self._store)
+            if ring is None or ring.epoch <= mine:
+                if not _leaving(self._store, slot):
+                    return None
+                ring = _next_ring(self._store, mine, time.monotonic() + LEAVE_WAIT)
+        except ElasticAllreduceError as exc:
+            log.warning("slot %s: could not read the ring at a reset: %s", slot, exc)
+            return None
+        if ring is None or ring.epoch <= mine or slot in ring.slots:
+            return None
+        return ring.epoch
+
+
+def _ring(store: Store) -> Ring | None:
+    stored = store.get(keys.RING)
+    return None if stored is None else Ring.from_json(stored.key, stored.value)
+
+
+def _leaving(store: Store, slot: str) -> bool:
+    node = split_slot(slot)[0]
+    stored = store.get(keys.member(node))
+    return stored is not None and MemberRecord.from_json(stored.key, stored.value).leaving
+
+
+def _next_ring(store: Store, after: int, deadline: float) -> Ring | None:
+    """The first ring with an epoch above ``after``, waiting for it until ``deadline``."""
+    with store.watch_prefix(keys.RING) as watch:
+        ring = _ring(store)  # written between the first read and the watch's start?
+        while ring is None or ring.epoch <= after:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            event = watch.get(remaining)
+            if event is not None and event.type is EventType.PUT and event.kv is not None:
+                ring = Ring.from_json(event.key, event.kv.value)
+        return ring
