@@ -212,16 +212,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
             runpy.run_path(args[0], run_name="__main__")
         code = 0
-        # Said before the interpreter shuts down: that may outlast this lease's keep-alive.
-        try:
-            store.put(key, replace(record, phase=ProcPhase.FINISHED).to_json(), lease=lease)
-        except StoreError as exc:
-            print(f"slot {slot}: could not report the end of the script: {exc}", file=sys.stderr)
     except SystemExit as exc:
         # sys.exit(N) in the script, or a slot removed from the ring (hooks): keep N.
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         raise
     finally:
+        if code == 0:
+            # Said before the interpreter shuts down, which may outlast this lease's keep-alive;
+            # a script that ends with sys.exit(0) has finished too.
+            try:
+                store.put(key, replace(record, phase=ProcPhase.FINISHED).to_json(), lease=lease)
+            except StoreError as exc:
+                print(
+                    f"slot {slot}: could not report the end of the script: {exc}", file=sys.stderr
+                )
         _exit_within(EXIT_GRACE, code, slot)
     return code
 

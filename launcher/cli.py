@@ -49,17 +49,18 @@ with membership kept in etcd.
 Run `elastic-run run --help` for the options of a job. Workers that die are dropped (or
 restarted, up to --max-restarts); the others roll back to their last commit and continue.
 
-Exit codes: 0 success; 1 the job failed; 2 bad input (a flag, a file, an unknown job: the
-message says what to change); 3 an operational error (etcd or the Kubernetes API unreachable
-or refusing a request: try again, or check the service).
+Exit codes: 0 success; 1 the job failed; 2 bad input (a flag, a file, an unknown job, a
+certificate or credential etcd refuses: the message says what to change); 3 an operational
+error (etcd or the Kubernetes API unreachable or failing a request: try again, or check it).
 """
 
 _RUN_DESCRIPTION = """\
 Run an elastic training job on this machine: a launcher and --workers local worker nodes,
 each running --nproc-per-node copies of COMMAND (a Python script using Horovod's elastic API or
 elastic_allreduce). Without --etcd a private etcd is started and removed afterwards. The exit
-code is the job's: 0 when training finished on every rank, 1 when it failed, 2 for bad input,
-3 when etcd (or the Kubernetes API) could not be reached or refused a request.
+code is the job's: 0 when training finished on every rank, 1 when it failed, 2 for bad input
+(etcd refusing a certificate or credential included), 3 when etcd (or the Kubernetes API)
+could not be reached or failed a request.
 """
 
 
@@ -80,18 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run a job locally (the default: `elastic-run [OPTIONS] -- COMMAND`)",
         description=_RUN_DESCRIPTION,
     )
-    where = run.add_mutually_exclusive_group()
-    where.add_argument(
-        "--standalone", action="store_true", help="start a private etcd for this job (the default)"
-    )
-    where.add_argument(
-        "--etcd",
-        metavar="HOST:PORT[,...]",
-        help="use this etcd instead (https://HOST:PORT for TLS: see the etcd TLS and auth flags)",
-    )
-    security_cli.add_security_flags(run)
-    job_options.add_job_flags(run)
-    add_observer_flags(run)
+    _add_local_job_flags(run)
     kube = run.add_argument_group(
         "Kubernetes mode",
         "the launcher runs in a pod and starts each worker node as a pod of --worker-template; "
@@ -216,7 +206,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_local_job_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of a local job as `elastic-run run` has them (for `elastic-run train`)."""
+    """The flags of a job started from here: where its etcd is, etcd's TLS and auth, the job
+    flags and the observer's (`elastic-run run` and `elastic-run train`)."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--standalone", action="store_true", help="start a private etcd for this job (the default)"

@@ -9,9 +9,10 @@ from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 #: A job's own outcomes.
 EXIT_SUCCEEDED: Final = 0
 EXIT_JOB_FAILED: Final = 1
-#: Bad input: a flag, a file, an unknown job -- the message says what to change.
+#: Bad input: a flag, a file, an unknown job, a certificate or credential etcd refuses -- the
+#: message says what to change.
 EXIT_BAD_INPUT: Final = 2
-#: An operational error: etcd or the Kubernetes API unreachable or refusing a request.
+#: An operational error: etcd or the Kubernetes API unreachable or failing a request.
 EXIT_OPERATIONAL: Final = 3
 
 
