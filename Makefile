@@ -22,8 +22,8 @@ test: lint
 	$(BIN)/pytest -m "not known_bug"
 
 # Tests that reproduce open bugs (each names its bug); they fail until the bug is fixed.
-test-known-bugs: setup
-	$(BIN)/pytest -m known_bug
+test-known-bugs: setup  # pytest exits 5 when no test is marked: no open bug is known
+	$(BIN)/pytest -m known_bug || [ $$? -eq 5 ]
 
 # Store latency and throughput figures (not a test): see bench/store_bench.py.
 bench-store: setup

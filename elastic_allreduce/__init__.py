@@ -2,7 +2,8 @@
 
 The worker-side library. ``import elastic_allreduce as ea`` gives the training API of
 :mod:`elastic_allreduce.worker` (``ea.init``, ``ea.run``, ``ea.State``, ``ea.rank``, ...),
-imported on first use so that the control plane can use :mod:`elastic_allreduce.store` without
+and ``ea.report_step`` / ``ea.phase`` of :mod:`elastic_allreduce.progress`, all imported on
+first use so that the control plane can use :mod:`elastic_allreduce.store` without
 loading TensorFlow. This package never imports :mod:`launcher` (the control plane).
 """
 
@@ -40,7 +41,13 @@ _WORKER_NAMES = frozenset(
 )
 
 
+#: Progress reporting for the launcher's hang watchdog (no TensorFlow import).
+_PROGRESS_NAMES = frozenset({"report_step", "phase"})
+
+
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - the worker API's objects have many types
+    if name in _PROGRESS_NAMES:
+        return getattr(importlib.import_module("elastic_allreduce.progress"), name)
     if name in _WORKER_NAMES:
         return getattr(importlib.import_module("elastic_allreduce.worker"), name)
     raise AttributeError(f"module 'elastic_allreduce' has no attribute {name!r}")

@@ -12,9 +12,11 @@ The agent runs every training process through this module, which
    process has not yet asked for its new rank, shuts down this process's peer connections: a
    Gloo collective waiting on a peer that already gave up then fails at once instead of after
    Gloo's timeout;
-5. installs :mod:`elastic_allreduce.hooks` into Horovod's elastic API (state syncs agree on the
+5. starts the progress beacon (:mod:`elastic_allreduce.progress`): about once a second it tells
+   the launcher's hang watchdog how far this process got, and sends its stacks when asked;
+6. installs :mod:`elastic_allreduce.hooks` into Horovod's elastic API (state syncs agree on the
    state's shape first; a slot removed from the ring exits quietly at its reset);
-6. runs the user's script (or ``-m module``) as ``__main__``.
+7. runs the user's script (or ``-m module``) as ``__main__``.
 """
 
 from __future__ import annotations
@@ -26,16 +28,24 @@ import runpy
 import socket
 import sys
 import threading
+import traceback
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
 from elastic_allreduce import env
-from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, StoreError
+from elastic_allreduce.errors import (
+    ConfigError,
+    ElasticAllreduceError,
+    StateMismatchError,
+    StoreError,
+)
+from elastic_allreduce.progress import Beacon
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
+    STATE_MISMATCH_EXIT_CODE,
     EpochCause,
     ProcPhase,
     ProcRecord,
@@ -198,10 +208,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     excluded = {port, *(endpoint.port for endpoint in store.endpoints)}
     guard = RingGuard(store, slot, admission.epoch, excluded)
     guard.start()
+    Beacon(rendezvous, slot, record.incarnation).start()
     from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 
     hooks.install(store)
 
+    return _run_script(args, store, key, record, lease)
+
+
+def _run_script(
+    args: list[str], store: EtcdStore, key: str, record: ProcRecord, lease: Lease
+) -> int:
+    """Run the user's script as ``__main__``; its exit code (0 when it returned)."""
+    slot = _required(env.SLOT)
     code = 1
     try:
         if args[0] == "-m":
@@ -212,6 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
             runpy.run_path(args[0], run_name="__main__")
         code = 0
+    except StateMismatchError:
+        # Every rank raised it: the launcher fails the job instead of restarting processes
+        # that would meet the same mismatch.
+        traceback.print_exc()
+        code = STATE_MISMATCH_EXIT_CODE
     except SystemExit as exc:
         # sys.exit(N) in the script, or a slot removed from the ring (hooks): keep N.
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)

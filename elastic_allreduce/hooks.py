@@ -2,12 +2,17 @@
 
 :func:`install` patches, in the training process before the user's script runs:
 
+0. ``hvd.elastic.run`` (``horovod.tensorflow.elastic`` and ``horovod.tensorflow.keras.elastic``)
+   becomes :func:`elastic_allreduce.elastic_run.run`: Horovod's drops a failed collective whose
+   op has a name of the script's, and the training function returns as if it had finished.
+
 1. ``horovod.tensorflow.elastic.TensorFlowKerasState.sync`` (and so ``KerasState``'s): the ranks
    first agree on the state's shape (:func:`elastic_allreduce.sync.agree`). A restarted process
    whose Keras optimizer has not created its variables yet gets them created -- so a script
    without Horovod's warm-up step recovers instead of deadlocking -- and any other mismatch
    raises StateMismatchError on every rank. ``elastic_allreduce.State`` does the same in its
-   own ``sync``.
+   own ``sync``. The sync is marked as a phase of :mod:`elastic_allreduce.progress` (not a
+   hang) and each ``commit`` counts as progress for the launcher's hang watchdog.
 2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
    ``hvd.elastic.run`` calls after each reset; it binds it when the script decorates its
    training function): a process whose slot the launcher has already left out of the next ring
@@ -31,8 +36,9 @@ from typing import Any, Final
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.elastic as hvd_elastic
+import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 
-from elastic_allreduce import runtime
+from elastic_allreduce import elastic_run, progress, runtime
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
@@ -57,13 +63,25 @@ def install(store: Store) -> None:
         return
     horovod_sync = state_class.sync
 
+    horovod_commit = state_class.commit
+
     def sync(self: Any) -> None:  # noqa: ANN401
         """Agree on the state's shape with every rank, then Horovod's sync (from rank 0)."""
-        agree(self.model, self.optimizer, self._saved_state)
-        horovod_sync(self)
+        with progress.phase("sync"):
+            agree(self.model, self.optimizer, self._saved_state)
+            horovod_sync(self)
+
+    def commit(self: Any) -> None:  # noqa: ANN401
+        """Horovod's commit, counted as progress for the hang watchdog."""
+        batch = getattr(self, "batch", None)
+        progress.report_commit(batch if isinstance(batch, int) else None)
+        horovod_commit(self)
 
     setattr(sync, _PATCHED, True)
     state_class.sync = sync
+    state_class.commit = commit
+    hvd_elastic.run = elastic_run.run
+    hvd_keras_elastic.run = elastic_run.run
     hvd_elastic._reset = QuietReset(store)
 
 

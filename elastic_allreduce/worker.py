@@ -14,8 +14,9 @@ its optimizer and any extra attributes) with three additions:
   commit to disk, atomically, and a new State loads the newest checkpoint: the job resumes from
   disk when every worker died at once.
 
-Everything else is Horovod's: ``run``, reset callbacks, ``DistributedGradientTape``, and the
-Keras ``fit`` callbacks re-exported here.
+``run`` is Horovod's, except that a failed collective is never mistaken for the end of
+training (:mod:`elastic_allreduce.elastic_run`). Everything else is Horovod's: reset callbacks,
+``DistributedGradientTape``, and the Keras ``fit`` callbacks re-exported here.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 from horovod.tensorflow.elastic import TensorFlowKerasState
-from horovod.tensorflow.elastic import run as _horovod_run
 from horovod.tensorflow.functions import broadcast_object, broadcast_variables
 from horovod.tensorflow.keras.elastic import (
     CommitStateCallback,
@@ -44,7 +44,7 @@ from horovod.tensorflow.keras.elastic import (
 )
 from typing_extensions import Unpack
 
-from elastic_allreduce import env, runtime
+from elastic_allreduce import elastic_run, env, progress, runtime
 from elastic_allreduce.audit import SampleLog
 from elastic_allreduce.data import (
     ArraySource,
@@ -71,7 +71,7 @@ local_rank = hvd.local_rank
 allreduce = hvd.allreduce
 DistributedGradientTape = hvd.DistributedGradientTape
 DistributedOptimizer = hvd.DistributedOptimizer
-run = _horovod_run
+run = elastic_run.run
 
 _LATEST = "LATEST"
 
@@ -224,6 +224,7 @@ class ElasticData:
         """Count a finished step: the epoch position moves past the whole global batch."""
         state.position += batch.global_size
         state.step += 1
+        progress.report_step(int(state.step))
 
     @staticmethod
     def next_epoch(state: State) -> None:
@@ -307,6 +308,7 @@ class _FeedCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._state.position += self._plan.shares[batch].global_size
         self._state.step += 1
+        progress.report_step(int(self._state.step))
         if self._state.step % self._commit_every == 0:
             self._state.commit()
 
@@ -366,10 +368,13 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         """Save the state in memory (and maybe to disk); raise if membership changed."""
         self.commit_id += 1
         self.save()
+        step = getattr(self, "step", None)
+        progress.report_commit(step if isinstance(step, int) else None)
         if hvd.rank() == 0:
             self._report()
             if self._checkpoint_dir is not None and self.commit_id % self._checkpoint_every == 0:
-                self._write_checkpoint(self._checkpoint_dir)
+                with progress.phase("checkpoint"):
+                    self._write_checkpoint(self._checkpoint_dir)
         self.check_host_updates()
 
     def on_reset(self) -> None:
@@ -387,13 +392,14 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         The ranks first agree on the state's shape (:func:`elastic_allreduce.sync.agree`): a
         mismatch raises StateMismatchError on every rank instead of deadlocking the broadcasts.
         """
-        commit_id = int(self._saved_state.get("commit_id", 0))
-        root = agree(self.model, self.optimizer, self._saved_state, commit_id=commit_id)
-        broadcast_variables(self.model.variables, root_rank=root)
-        broadcast_variables(self.optimizer.variables(), root_rank=root)
-        self._save_model()
-        self._saved_state = broadcast_object(self._saved_state, root_rank=root)
-        self._set_attrs()
+        with progress.phase("sync"):
+            commit_id = int(self._saved_state.get("commit_id", 0))
+            root = agree(self.model, self.optimizer, self._saved_state, commit_id=commit_id)
+            broadcast_variables(self.model.variables, root_rank=root)
+            broadcast_variables(self.optimizer.variables(), root_rank=root)
+            self._save_model()
+            self._saved_state = broadcast_object(self._saved_state, root_rank=root)
+            self._set_attrs()
 
     # -- progress ------------------------------------------------------------------------------
 

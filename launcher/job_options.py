@@ -30,6 +30,10 @@ DEFAULT_MIN_WORKERS: Final = 1
 DEFAULT_GPUS_PER_NODE: Final = 0
 DEFAULT_MAX_RESTARTS: Final = 3
 DEFAULT_WAIT_TIMEOUT: Final = 60.0
+DEFAULT_HANG_TIMEOUT: Final = 300.0
+#: The shortest --hang-timeout: longer than the process lease TTL (3 s) and the stuck-member
+#: timeout (5 s), so that dead, stopped and stuck processes are handled by those first.
+MIN_HANG_TIMEOUT: Final = 10.0
 
 #: Title of the argument group of the job flags in every command's --help.
 GROUP_TITLE: Final = "job options"
@@ -51,6 +55,8 @@ class JobOptions:
     max_restarts: int
     wait_timeout: float
     checkpoint_dir: str | None
+    #: Seconds without progress before the hang watchdog acts; 0: no watchdog.
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
 
 
 def new_job_id() -> str:
@@ -118,6 +124,17 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         f"(default {_number(DEFAULT_WAIT_TIMEOUT)})",
     )
     group.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=DEFAULT_HANG_TIMEOUT,
+        metavar="S",
+        help="seconds the ring may make no progress (no rank finishing a step or a commit, none "
+        "in a marked phase such as an evaluation) before the hang watchdog collects every "
+        "rank's stacks and replaces the ranks that are not waiting in a collective; a second "
+        f"hang at the same place fails the job. At least {_number(MIN_HANG_TIMEOUT)}, or 0 for "
+        f"no watchdog (default {_number(DEFAULT_HANG_TIMEOUT)})",
+    )
+    group.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
         help="where elastic_allreduce.State writes periodic checkpoints (the job resumes from "
@@ -156,6 +173,7 @@ def job_options(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     checkpoint_dir: str | None = None,
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -170,6 +188,7 @@ def job_options(
             max_restarts=max_restarts,
             wait_timeout=float(wait_timeout),
             checkpoint_dir=checkpoint_dir,
+            hang_timeout=float(hang_timeout),
         )
     )
 
@@ -188,6 +207,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts,
         wait_timeout=args.wait_timeout,
         checkpoint_dir=args.checkpoint_dir,
+        hang_timeout=args.hang_timeout,
     )
 
 
@@ -217,6 +237,12 @@ def validate(options: JobOptions) -> JobOptions:
         raise ConfigError(
             f"--wait-timeout must be a positive number of seconds, got {options.wait_timeout}"
         )
+    hang = options.hang_timeout
+    if not (math.isfinite(hang) and (hang == 0 or hang >= MIN_HANG_TIMEOUT)):
+        raise ConfigError(
+            f"--hang-timeout must be 0 (no watchdog) or at least {_number(MIN_HANG_TIMEOUT)} "
+            f"seconds (longer than the lease and stuck-process timeouts), got {hang}"
+        )
     if options.checkpoint_dir is not None and not options.checkpoint_dir.strip():
         raise ConfigError("--checkpoint-dir is empty: give a directory, or leave the flag out")
     if not options.command:
@@ -233,6 +259,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         nproc_per_node=options.nproc_per_node,
         max_restarts=options.max_restarts,
         wait_timeout=options.wait_timeout,
+        hang_timeout=options.hang_timeout,
     )
 
 
@@ -257,6 +284,8 @@ def to_args(options: JobOptions) -> list[str]:
         str(options.max_restarts),
         "--wait-timeout",
         _number(options.wait_timeout),
+        "--hang-timeout",
+        _number(options.hang_timeout),
     ]
     if options.checkpoint_dir is not None:
         args += ["--checkpoint-dir", options.checkpoint_dir]

@@ -3,7 +3,9 @@
 It wins leadership by creating ``launcher/leader`` under its lease (a second launcher for the
 same job waits until that key is gone), serves the Gloo rendezvous, asks the provisioner for the
 initial nodes, then loops: read the job from the store and the rendezvous, let
-:class:`launcher.policy.RingPolicy` decide, execute the decisions.
+:class:`launcher.policy.RingPolicy` and the hang watchdog (:mod:`launcher.watchdog`) decide,
+execute the decisions. The members' progress, reported to the rendezvous server, is written to
+``status/ranks`` every few seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Final
 
 from elastic_allreduce.errors import ConfigError, MalformedValueError, StoreError
 from elastic_allreduce.records import keys
@@ -26,6 +29,8 @@ from elastic_allreduce.records.values import (
     JobStatus,
     LeaderRecord,
     ProcPhase,
+    RanksRecord,
+    RingState,
 )
 from elastic_allreduce.rendezvous.protocol import Admission, host_port
 from elastic_allreduce.store import EtcdStore, Lease
@@ -52,8 +57,19 @@ from launcher.policy import (
 )
 from launcher.provisioners.api import Provisioner
 from launcher.rendezvous import ReadinessBoard, RendezvousService
+from launcher.watchdog import (
+    HangFound,
+    HangWatchdog,
+    ProgressBoard,
+    RequestStacks,
+    RingLook,
+    ranks_record,
+)
 
 log = logging.getLogger("elastic-run")
+
+#: Seconds between two writes of ``status/ranks`` (only when a member's progress changed).
+RANKS_INTERVAL: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -115,7 +131,13 @@ class Launcher:
         #: Wakes the control loop: store changes (from the cache) and rendezvous arrivals.
         self._inbox: queue.Queue[object] = queue.Queue()
         self.board = ReadinessBoard(on_change=lambda: self._inbox.put("rendezvous"))
-        self.rendezvous = RendezvousService(self.board, wait_timeout=settings.job.wait_timeout + 60)
+        self.progress = ProgressBoard()
+        self.rendezvous = RendezvousService(
+            self.board, wait_timeout=settings.job.wait_timeout + 60, progress=self.progress
+        )
+        self.watchdog = HangWatchdog(settings.job.hang_timeout)
+        self._ranks_written: RanksRecord | None = None
+        self._ranks_due = 0.0
         self._ring_revision = 0
         self._epoch = 0
         self._skips = SkipReporter()
@@ -233,7 +255,8 @@ class Launcher:
                 self._report_skipped(job)
                 if self.observer is not None:
                     self.observer.update(job, policy.target_workers, policy.restarts_used)
-                for decision in policy.step(self._view(job)):
+                view = self._view(job)
+                for decision in [*policy.step(view), *self._watch(policy, view)]:
                     if isinstance(decision, StartNodes):
                         started = self.provisioner.start_nodes(decision.count)
                         policy.nodes_started(started, time.monotonic())
@@ -242,8 +265,78 @@ class Launcher:
                     result = self._execute(decision)
                     if result is not None:
                         return result
+                self._write_ranks(policy)
         finally:
             cache.close()
+
+    def _watch(self, policy: RingPolicy, view: JobView) -> list[Decision]:
+        """The hang watchdog's look at the ring; its findings become the policy's decisions."""
+        decisions: list[Decision] = []
+        look = RingLook(
+            time.monotonic(),
+            time.time(),
+            policy.ring,
+            policy.member_incarnations,
+            self.progress.seen(),
+            self.progress.stacks(),
+        )
+        found = self.watchdog.step(look)
+        for item in found:
+            if isinstance(item, Log):
+                decisions.append(item)
+            elif isinstance(item, RequestStacks):
+                self.progress.request_stacks(item.slots)
+            else:
+                decisions += self._on_hang(item, policy, view)
+        return decisions
+
+    def _on_hang(self, found: HangFound, policy: RingPolicy, view: JobView) -> list[Decision]:
+        record = found.record
+        for line in record.describe().splitlines():
+            self._log(line)
+        for rank in record.ranks:
+            if rank.stacks:
+                log.info(
+                    "[%s e%d launcher] stacks of rank %d (slot %s):\n%s",
+                    self.settings.job_id,
+                    self._epoch,
+                    rank.rank,
+                    rank.slot,
+                    rank.stacks.rstrip(),
+                )
+        try:
+            self.store.put(keys.HANG, record.to_json())
+        except StoreError as exc:
+            log.warning("could not record the hang diagnosis in the store: %s", exc)
+        if self.observer is not None:
+            self.observer.hang(record, found.replace)
+        if found.fail:
+            odd = "; ".join(r.describe() for r in record.ranks if r.collective is None)
+            reason = f"the ring hung twice at the same place: {odd or record.action}"
+            return policy.fail(reason, view)
+        return policy.replace_hung(found.replace, view)
+
+    def _write_ranks(self, policy: RingPolicy) -> None:
+        """``status/ranks`` when the members' progress changed, at most every RANKS_INTERVAL."""
+        now = time.monotonic()
+        ring = policy.ring
+        if ring is None or ring.state is not RingState.RUNNING or now < self._ranks_due:
+            return
+        self._ranks_due = now + RANKS_INTERVAL
+        record = ranks_record(ring, policy.member_incarnations, self.progress.seen(), time.time())
+        written = self._ranks_written
+        if written is not None and replace(written, written_at=0.0) == replace(
+            record, written_at=0.0
+        ):
+            return
+        try:
+            self.store.put(keys.RANKS, record.to_json())
+        except StoreError as exc:
+            log.warning("could not write the ranks' progress to the store: %s", exc)
+            return
+        self._ranks_written = record
+        if self.observer is not None:
+            self.observer.ranks(record)
 
     def _view(self, job: JobSnapshot) -> JobView:
         procs = {

@@ -22,6 +22,7 @@ from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
+    STATE_MISMATCH_EXIT_CODE,
     EpochCause,
     ExitRecord,
     JobSettings,
@@ -645,6 +646,14 @@ class RingPolicy:
         if key in self.killed_stuck:
             # Its directive already asks for the next incarnation; this is not the user's crash.
             return [Log(f"slot {exit_.slot} was killed because it was stuck; replacing it")]
+        if exit_.code == STATE_MISMATCH_EXIT_CODE:
+            # The ranks hold different models: a restart would meet the same mismatch.
+            self.failure = problem
+            return [
+                Log(f"{problem}; failing the job"),
+                crashed,
+                *self._finish(False, problem, view),
+            ]
         if member is not None and self.budget.try_spend():
             return [
                 Log(f"{problem}; restarting it ({self.budget.used}/{self.budget.limit})"),
@@ -660,6 +669,36 @@ class RingPolicy:
         if member is not None:
             decisions.append(self._set_slot(member, index, None))
         return decisions
+
+    # -- the hang watchdog's findings (launcher.watchdog) ----------------------------------------
+
+    def replace_hung(self, slots: tuple[str, ...], view: JobView) -> list[Decision]:
+        """Kill and restart these members of the running ring (they hung); their exits are not
+        charged to the restart budget, like a stuck member's."""
+        decisions: list[Decision] = []
+        for slot in slots:
+            decisions += self._replace_stuck(slot, view, f"slot {slot} hung; replacing it")
+        return decisions
+
+    def _replace_stuck(self, slot: str, view: JobView, why: str) -> list[Decision]:
+        """Kill ``slot``'s member process and start the next incarnation (no budget used);
+        nothing for a slot without a live member process, or one already being replaced."""
+        proc = view.procs.get(slot)
+        node, index = split_slot(slot)
+        member = view.members.get(node)
+        if proc is None or member is None or (slot, proc.incarnation) in self.killed_stuck:
+            return []
+        if proc.incarnation != self.member_incarnations.get(slot):
+            return []  # a replacement still starting, not the member that got stuck
+        self.killed_stuck.add((slot, proc.incarnation))
+        return [Log(why), self._set_slot(member, index, proc.incarnation + 1)]
+
+    def fail(self, reason: str, view: JobView) -> list[Decision]:
+        """End the job as failed now (a second hang at the same place)."""
+        if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            return []
+        self.failure = reason
+        return self._finish(False, reason, view)
 
     def _set_slot(self, member: Member, index: int, incarnation: int | None) -> SetDirective:
         """Directive for a node with one slot changed (None: stop it)."""
@@ -893,21 +932,8 @@ class RingPolicy:
             return []
         decisions: list[Decision] = []
         for slot in ring.waiting:
-            proc = view.procs.get(slot)
-            node, index = split_slot(slot)
-            member = view.members.get(node)
-            if proc is None or member is None or (slot, proc.incarnation) in self.killed_stuck:
-                continue
-            if proc.incarnation != self.member_incarnations.get(slot):
-                continue  # a replacement still starting, not the member that got stuck
-            self.killed_stuck.add((slot, proc.incarnation))
-            decisions += [
-                Log(
-                    f"slot {slot} did not leave its failed collective in "
-                    f"{silent_for:.1f} s; replacing it"
-                ),
-                self._set_slot(member, index, proc.incarnation + 1),
-            ]
+            why = f"slot {slot} did not leave its failed collective in {silent_for:.1f} s"
+            decisions += self._replace_stuck(slot, view, f"{why}; replacing it")
         return decisions
 
     # -- the end -----------------------------------------------------------------------------

@@ -37,7 +37,14 @@ from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import REMOVED
-from elastic_allreduce.rendezvous.protocol import Admission, WaitKind, WorkerAddresses
+from elastic_allreduce.rendezvous.protocol import (
+    Admission,
+    ProgressReport,
+    StacksReport,
+    WaitKind,
+    WorkerAddresses,
+)
+from launcher.watchdog import ProgressBoard
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +129,13 @@ class _Pending:
 class RendezvousService:
     """Horovod's rendezvous HTTP server with the elastic protocol answered by a ReadinessBoard."""
 
-    def __init__(self, board: ReadinessBoard, *, wait_timeout: float) -> None:
+    def __init__(
+        self, board: ReadinessBoard, *, wait_timeout: float, progress: ProgressBoard | None = None
+    ) -> None:
         self.board = board
         self.wait_timeout = wait_timeout
+        #: Where progress reports and stacks land (``PUT /progress``, ``/stacks``).
+        self.progress = progress or ProgressBoard()
         self._server = RendezvousServer(verbose=0)
         self._clients: dict[str, WorkerAddresses] = {}
         #: The newest notification for each slot, re-sent when a slot (re)registers (a worker
@@ -228,29 +239,61 @@ def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
             value: bytes | None = super()._get_value(scope, key)
             return value
 
+        def _read_body(self, limit: int) -> bytes:
+            length = int(self.headers.get("Content-Length", ""))
+            if not 0 <= length <= limit:
+                raise ProtocolError(f"a body of {length} bytes (limit {limit})")
+            body: bytes = self.rfile.read(length)
+            return body
+
+        def _refuse(self, what: str, key: str, exc: Exception) -> None:
+            log.warning("refused %s for %r from %s: %s", what, key, self.client_address[0], exc)
+            self.send_status_code(BAD_REQUEST)
+
+        def _reply(self, body: bytes) -> None:
+            self.send_response(OK)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _progress(self, scope: str, key: str) -> None:
+            """``PUT /progress/<slot>`` and ``PUT /stacks/<slot>``: parsed as typed records,
+            never stored in the key-value store."""
+            try:
+                split_slot(key)
+                if scope == protocol.PROGRESS:
+                    report = ProgressReport.decode(self._read_body(protocol.MAX_PROGRESS_BYTES))
+                else:
+                    stacks = StacksReport.decode(self._read_body(protocol.MAX_STACKS_BYTES))
+            except (ValueError, ProtocolError, OSError) as exc:
+                self._refuse(f"a {scope} report", key, exc)
+                return
+            if scope == protocol.PROGRESS:
+                reply = service.progress.receive(key, report, time.monotonic(), time.time())
+                self._reply(reply.encode())
+            else:
+                service.progress.receive_stacks(key, stacks)
+                self.send_status_code(OK)
+
         def do_PUT(self) -> None:
             _, _, rest = self.path.partition("/")
             scope, _, key = rest.partition("/")
+            if scope in (protocol.PROGRESS, protocol.STACKS):
+                self._progress(scope, key)
+                return
             if scope != protocol.WORKER_ADDRESSES:
                 super().do_PUT()
                 return
             # Read with the plain-data loader and kept out of the key-value store, so that
             # nothing from the network runs here and the worker's key is never served back.
             try:
-                length = int(self.headers.get("Content-Length", ""))
-                if not 0 <= length <= protocol.MAX_WORKER_ADDRESSES_BYTES:
-                    raise ProtocolError(f"worker_addresses body of {length} bytes")
-                worker = protocol.decode_worker_addresses(self.rfile.read(length))
+                body = self._read_body(protocol.MAX_WORKER_ADDRESSES_BYTES)
+                worker = protocol.decode_worker_addresses(body)
                 slot = protocol.slot_of_worker_key(key)
                 split_slot(slot)
             except (ValueError, ProtocolError, OSError) as exc:
-                log.warning(
-                    "refused a worker_addresses registration for %r from %s: %s",
-                    key,
-                    self.client_address[0],
-                    exc,
-                )
-                self.send_status_code(BAD_REQUEST)
+                self._refuse("a worker_addresses registration", key, exc)
                 return
             service.register_worker(slot, worker)
             self.send_status_code(OK)

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from elastic_allreduce.records.values import JobSettings, RingState
+from elastic_allreduce.records.values import STATE_MISMATCH_EXIT_CODE, JobSettings, RingState
 from elastic_allreduce.rendezvous.model import REMOVED, next_membership
 from elastic_allreduce.rendezvous.protocol import WaitKind
 from launcher.policy import (
@@ -336,3 +336,29 @@ def test_a_newcomer_whose_epoch_never_ran_does_not_fail_a_finished_job() -> None
     finish = of(FinishJob, step(policy, world))
     assert len(finish) == 1 and finish[0].succeeded, finish
     assert finish[0].reason == "training finished on 2 ranks"
+
+
+def test_a_hung_member_is_replaced_once_without_using_the_restart_budget() -> None:
+    policy, world, slots = started_job(max_restarts=0)
+    decisions = policy.replace_hung((slots[1],), world.view())
+    assert SetDirective("n1", ((0, 2),)) in decisions
+    assert policy.replace_hung((slots[1],), world.view()) == []  # already being replaced
+    world.kill(slots[1])  # the agent killed it (SIGKILL)
+    decisions = step(policy, world)
+    assert any("killed because it was stuck" in d.message for d in of(Log, decisions))
+    assert not of(FinishJob, decisions) and policy.restarts_used == 0
+
+
+def test_a_state_mismatch_fails_the_job_at_once_even_with_restarts_left() -> None:
+    policy, world, slots = started_job(max_restarts=5)
+    world.kill(slots[2], code=STATE_MISMATCH_EXIT_CODE, signal=None)
+    [finish] = of(FinishJob, step(policy, world))
+    assert not finish.succeeded and "slot n2.0 crashed: exit code 76" in finish.reason
+    assert policy.restarts_used == 0
+
+
+def test_fail_ends_the_job_with_the_reason_once() -> None:
+    policy, world, _ = started_job()
+    [finish] = of(FinishJob, policy.fail("the ring hung twice", world.view()))
+    assert finish == FinishJob(False, "the ring hung twice")
+    assert policy.fail("again", world.view()) == []

@@ -123,3 +123,45 @@ def test_a_malformed_worker_registration_says_what_is_wrong(body: bytes, why: st
     with pytest.raises(ProtocolError) as raised:
         protocol.decode_worker_addresses(body)
     assert why in str(raised.value)
+
+
+# -- progress reports (the hang watchdog's channel) ---------------------------------------------
+
+
+def test_progress_reports_round_trip_and_urls_name_the_slot() -> None:
+    report = protocol.ProgressReport(2, 41, 40, "evaluation", 0.125)
+    assert protocol.ProgressReport.decode(report.encode()) == report
+    assert protocol.ProgressReport.decode(protocol.ProgressReport(1, 0).encode()).phase is None
+    reply = protocol.ProgressReply(send_stacks=True)
+    assert protocol.ProgressReply.decode(reply.encode()) == reply
+    stacks = protocol.StacksReport(1, None, "train.py:3 in f", 'Thread "MainThread":\n')
+    assert protocol.StacksReport.decode(stacks.encode()) == stacks
+    assert protocol.progress_url("[::1]:80", "n0.0") == "http://[::1]:80/progress/n0.0"
+    assert protocol.stacks_url("h:80", "n0.0") == "http://h:80/stacks/n0.0"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1]", "JSON object"),
+        (b'{"incarnation": 0, "ticks": 1}', "'incarnation' must be an integer >= 1"),
+        (b'{"incarnation": 1, "ticks": true}', "'ticks' must be an integer"),
+        (b'{"incarnation": 1, "ticks": 1, "step": -2}', "'step' must be an integer >= 0"),
+        (b'{"incarnation": 1, "ticks": 1, "phase": 5}', "'phase' must be a printable string"),
+        (b'{"incarnation": 1, "ticks": 1, "phase": "a\\nb"}', "printable"),
+        (b'{"incarnation": 1, "ticks": 1, "step_seconds": -1}', "seconds >= 0"),
+        (b'{"incarnation": 1, "ticks": 1, "step_seconds": NaN}', "seconds >= 0"),
+        (b"{" + b" " * 5000 + b"}", "too large"),
+    ],
+)
+def test_a_malformed_progress_report_is_refused_with_the_reason(body: bytes, why: str) -> None:
+    with pytest.raises(ProtocolError, match=why):
+        protocol.ProgressReport.decode(body)
+
+
+def test_stacks_are_cut_to_fit_the_limit() -> None:
+    huge = protocol.StacksReport(1, None, "x.py:1 in f", "frame\n" * 100_000)
+    body = huge.encode()
+    assert len(body) <= protocol.MAX_STACKS_BYTES
+    assert protocol.StacksReport.decode(body).stacks.endswith("[cut]")

@@ -19,6 +19,8 @@ from elastic_allreduce.records.values import (
     Directive,
     EpochCause,
     ExitRecord,
+    HangRank,
+    HangRecord,
     JobConfig,
     JobPhase,
     JobSettings,
@@ -28,6 +30,8 @@ from elastic_allreduce.records.values import (
     ProcPhase,
     ProcRecord,
     Progress,
+    RankProgress,
+    RanksRecord,
     Ring,
     RingState,
     ScaleTarget,
@@ -47,6 +51,27 @@ RECORDS: dict[str, Any] = {
     keys.proc("n0.1"): ProcRecord(99, 2, ProcPhase.TRAINING, 7, 3),
     keys.exit_("n0.1", 2): ExitRecord.from_returncode(-9, ("Traceback", "boom")),
     keys.directive("n0"): Directive(((0, 1), (1, 3))),
+    keys.RANKS: RanksRecord(
+        3,
+        1700000000.5,
+        (
+            RankProgress("n0.0", 0, 1, 120, 130, 0.031, None, 1700000000.25),
+            RankProgress("n1.0", 1, 2, None, 0, None, "startup", None),
+        ),
+    ),
+    keys.HANG: HangRecord(
+        3,
+        1700000001.0,
+        12.5,
+        "replacing slot n1.0 (at train.py:40 in train)",
+        (
+            HangRank(
+                "n0.0", 0, 50, "Horovod allreduce (mpi_ops.py:1 in f)", "t.py:9 in g", "", True
+            ),
+            HangRank("n1.0", 1, 50, None, "train.py:40 in train", 'Thread "MainThread":\n', True),
+            HangRank("n2.0", 2, None, None, "unknown", "", False),
+        ),
+    ),
 }
 
 
@@ -124,6 +149,19 @@ MALFORMED: list[tuple[type[Any], JsonValue, str]] = [
     (Directive, {"slots": [1]}, "'slots' must be an object"),
     (JobStatus, {"phase": "finishing"}, "one of 'running', 'succeeded', 'failed'"),
     (Progress, {"step": 3, "size": 0}, "integer >= 1"),
+    (RanksRecord, {"epoch": 1, "written_at": 0}, "'ranks' must be a list"),
+    (
+        RanksRecord,
+        {"epoch": 1, "ranks": [{"slot": "n0", "rank": 0, "incarnation": 1, "ticks": 0}]},
+        "not a slot",
+    ),
+    (
+        RanksRecord,
+        {"epoch": 1, "ranks": [{"slot": "n0.0", "rank": 0, "incarnation": 1, "ticks": -1}]},
+        "integer >= 0",
+    ),
+    (HangRecord, {"epoch": 1, "action": "x", "ranks": [{"slot": "n0.0"}]}, "'rank' must be"),
+    (HangRecord, {"epoch": 1, "ranks": []}, "'action' must be a string"),
     (Ring, {"epoch": 1, "slots": ["n0"], "state": "running", "rendezvous": "h:1"}, "not a slot"),
     (
         Ring,

@@ -12,6 +12,8 @@ key                            record                         written by
 ``ring``                       :class:`Ring`                  launcher, compare-and-swap
 ``status/job``                 :class:`JobStatus`             launcher
 ``status/progress``            :class:`Progress`              rank 0 of ``elastic_allreduce.State``
+``status/ranks``               :class:`RanksRecord`           launcher, every few seconds
+``status/hang``                :class:`HangRecord`            launcher's hang watchdog
 ``members/<node>``             :class:`MemberRecord`          agent, under its lease
 ``procs/<slot>``               :class:`ProcRecord`            training process, under its lease
 ``exits/<slot>/<incarnation>`` :class:`ExitRecord`            agent
@@ -46,6 +48,8 @@ SCALE_TARGET: Final = "config/target"
 RING: Final = "ring"
 JOB_STATUS: Final = "status/job"
 PROGRESS: Final = "status/progress"
+RANKS: Final = "status/ranks"
+HANG: Final = "status/hang"
 MEMBERS: Final = "members/"
 PROCS: Final = "procs/"
 EXITS: Final = "exits/"
@@ -61,6 +65,8 @@ class KeyKind(enum.Enum):
     RING = "ring"
     JOB_STATUS = "job status"
     PROGRESS = "progress"
+    RANKS = "ranks"
+    HANG = "hang"
     MEMBER = "member"
     PROC = "proc"
     EXIT = "exit"
@@ -74,6 +80,8 @@ _SINGLE: Final = {
     RING: KeyKind.RING,
     JOB_STATUS: KeyKind.JOB_STATUS,
     PROGRESS: KeyKind.PROGRESS,
+    RANKS: KeyKind.RANKS,
+    HANG: KeyKind.HANG,
 }
 
 

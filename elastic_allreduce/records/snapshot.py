@@ -20,12 +20,14 @@ from elastic_allreduce.records.keys import KeyKind
 from elastic_allreduce.records.values import (
     Directive,
     ExitRecord,
+    HangRecord,
     JobConfig,
     JobStatus,
     LeaderRecord,
     MemberRecord,
     ProcRecord,
     Progress,
+    RanksRecord,
     Ring,
     ScaleTarget,
 )
@@ -84,6 +86,8 @@ class JobSnapshot:
     ring: Stored[Ring] | None = None
     status: Stored[JobStatus] | None = None
     progress: Stored[Progress] | None = None
+    ranks: Stored[RanksRecord] | None = None
+    hang: Stored[HangRecord] | None = None
     members: Mapping[str, Stored[MemberRecord]] = field(default_factory=dict)
     procs: Mapping[str, Stored[ProcRecord]] = field(default_factory=dict)
     #: Keyed by (slot, incarnation).
@@ -107,6 +111,8 @@ def parse_job(items: Iterable[StoredValue], revision: int) -> JobSnapshot:  # no
     ring: Stored[Ring] | None = None
     status: Stored[JobStatus] | None = None
     progress: Stored[Progress] | None = None
+    ranks: Stored[RanksRecord] | None = None
+    hang: Stored[HangRecord] | None = None
     members: dict[str, Stored[MemberRecord]] = {}
     procs: dict[str, Stored[ProcRecord]] = {}
     exits: dict[tuple[str, int], Stored[ExitRecord]] = {}
@@ -139,6 +145,10 @@ def parse_job(items: Iterable[StoredValue], revision: int) -> JobSnapshot:  # no
                 status = _stored(kv, JobStatus.from_json(key, value))
             elif kind is KeyKind.PROGRESS:
                 progress = _stored(kv, Progress.from_json(key, value))
+            elif kind is KeyKind.RANKS:
+                ranks = _stored(kv, RanksRecord.from_json(key, value))
+            elif kind is KeyKind.HANG:
+                hang = _stored(kv, HangRecord.from_json(key, value))
         except (MalformedKeyError, MalformedValueError) as exc:
             skipped.append(Skipped(kv.key, kv.mod_revision, exc.reason))
     return JobSnapshot(
@@ -149,6 +159,8 @@ def parse_job(items: Iterable[StoredValue], revision: int) -> JobSnapshot:  # no
         ring,
         status,
         progress,
+        ranks,
+        hang,
         members=members,
         procs=procs,
         exits=exits,

@@ -22,6 +22,10 @@ from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
 
 #: Exit code of a training process that was not admitted to any epoch (not a crash).
 NOT_ADMITTED_EXIT_CODE: Final = 75
+#: Exit code of a training process whose state could not be synced with its ring's
+#: (StateMismatchError: different models on different ranks): the job fails at once, since a
+#: restart would meet the same mismatch.
+STATE_MISMATCH_EXIT_CODE: Final = 76
 
 Scalar: TypeAlias = bool | int | float | str
 
@@ -181,6 +185,8 @@ class JobSettings:
     #: Seconds members of a resize epoch have to reach their next commit before it is treated
     #: as a failure (their collectives are then interrupted).
     resize_timeout: float = 60.0
+    #: Seconds the running ring may make no progress before the hang watchdog acts (0: off).
+    hang_timeout: float = 300.0
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -192,6 +198,7 @@ class JobSettings:
             "start_grace": self.start_grace,
             "stuck_timeout": self.stuck_timeout,
             "resize_timeout": self.resize_timeout,
+            "hang_timeout": self.hang_timeout,
         }
 
     @classmethod
@@ -206,6 +213,7 @@ class JobSettings:
             start_grace=fields.number("start_grace", 10.0),
             stuck_timeout=fields.number("stuck_timeout", 5.0),
             resize_timeout=fields.number("resize_timeout", 60.0),
+            hang_timeout=fields.number("hang_timeout", 300.0),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(
@@ -494,4 +502,189 @@ class Ring:
             fields.text("rendezvous"),
             waiting,
             fields.enum("cause", EpochCause, EpochCause.START),
+        )
+
+
+def _items(key: str, value: JsonValue, name: str, what: str) -> list[JsonValue]:
+    items = value.get(name) if isinstance(value, dict) else None
+    if not isinstance(items, list):
+        raise MalformedValueError(key, f"{what}: field {name!r} must be a list")
+    return items
+
+
+def _opt_number(fields: _Fields, name: str) -> float | None:
+    return fields.number(name, 0.0) if fields.has(name) else None
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One ring member's progress, as the launcher last heard it from the process."""
+
+    slot: str
+    rank: int
+    incarnation: int
+    #: The script's step (None: the library does not know it).
+    step: int | None
+    #: Steps and commits counted since the process started (see elastic_allreduce.progress).
+    ticks: int
+    #: Seconds the last step took.
+    step_seconds: float | None
+    #: A long phase it is in (``startup``, ``evaluation``, ...), None while it trains.
+    phase: str | None
+    #: When it last made progress (Unix seconds, the launcher's clock); None: not yet.
+    progressed_at: float | None
+
+    def to_json(self) -> JsonValue:
+        return {
+            "slot": self.slot,
+            "rank": self.rank,
+            "incarnation": self.incarnation,
+            "step": self.step,
+            "ticks": self.ticks,
+            "step_seconds": self.step_seconds,
+            "phase": self.phase,
+            "progressed_at": self.progressed_at,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> RankProgress:
+        fields = _Fields(key, value, "a rank's progress")
+        return cls(
+            slot=_slot_field(fields, "slot"),
+            rank=fields.integer("rank", minimum=0),
+            incarnation=fields.integer("incarnation", minimum=1),
+            step=fields.opt_integer("step", minimum=0),
+            ticks=fields.integer("ticks", minimum=0),
+            step_seconds=_opt_number(fields, "step_seconds"),
+            phase=fields.opt_text("phase"),
+            progressed_at=_opt_number(fields, "progressed_at"),
+        )
+
+
+def _slot_field(fields: _Fields, name: str) -> str:
+    slot = fields.text(name)
+    try:
+        split_slot(slot)
+    except ValueError as exc:
+        raise MalformedValueError(fields.key, f"{fields.what}: {exc}") from None
+    return slot
+
+
+@dataclass(frozen=True)
+class RanksRecord:
+    """``status/ranks``: every member's progress in the running ring epoch, written by the
+    launcher when it changed, at most every few seconds (not per step)."""
+
+    epoch: int
+    #: When the launcher wrote it (Unix seconds).
+    written_at: float
+    ranks: tuple[RankProgress, ...]
+
+    def to_json(self) -> JsonValue:
+        return {
+            "epoch": self.epoch,
+            "written_at": self.written_at,
+            "ranks": [rank.to_json() for rank in self.ranks],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> RanksRecord:
+        fields = _Fields(key, value, "the ranks' progress")
+        items = _items(key, value, "ranks", "the ranks' progress")
+        return cls(
+            fields.integer("epoch", minimum=1),
+            fields.number("written_at", 0.0),
+            tuple(RankProgress.from_json(key, item) for item in items),
+        )
+
+
+@dataclass(frozen=True)
+class HangRank:
+    """Where one rank was when the ring hung."""
+
+    slot: str
+    rank: int
+    step: int | None
+    #: The collective it waited in; None: it was elsewhere (or did not answer).
+    collective: str | None
+    #: Its innermost frame outside the libraries (``file:line in function``).
+    where: str
+    #: Every thread's Python stack ("" when it did not answer).
+    stacks: str
+    answered: bool
+
+    def describe(self) -> str:
+        """One line: the rank, its step and where it was."""
+        step = "?" if self.step is None else str(self.step)
+        head = f"rank {self.rank} (slot {self.slot}, step {step}): "
+        if not self.answered:
+            return head + "did not answer (stuck outside Python, or its host is unreachable)"
+        if self.collective is not None:
+            return head + f"waits in a collective: {self.collective}, called at {self.where}"
+        return head + f"NOT in a collective, at {self.where}"
+
+    def to_json(self) -> JsonValue:
+        return {
+            "slot": self.slot,
+            "rank": self.rank,
+            "step": self.step,
+            "collective": self.collective,
+            "where": self.where,
+            "stacks": self.stacks,
+            "answered": self.answered,
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> HangRank:
+        fields = _Fields(key, value, "a hung rank")
+        return cls(
+            slot=_slot_field(fields, "slot"),
+            rank=fields.integer("rank", minimum=0),
+            step=fields.opt_integer("step", minimum=0),
+            collective=fields.opt_text("collective"),
+            where=fields.text("where"),
+            stacks=fields.text("stacks"),
+            answered=fields.flag("answered"),
+        )
+
+
+@dataclass(frozen=True)
+class HangRecord:
+    """``status/hang``: the last hang the launcher's watchdog found, with its diagnosis."""
+
+    epoch: int
+    #: When it was found (Unix seconds).
+    at: float
+    #: Seconds the ring had made no progress.
+    stalled_for: float
+    #: What the launcher did ("replaced slots ...", or why the job failed).
+    action: str
+    ranks: tuple[HangRank, ...]
+
+    def describe(self) -> str:
+        """The diagnosis in a few lines (no stacks)."""
+        head = (
+            f"ring epoch {self.epoch} made no progress for {self.stalled_for:.0f} s: {self.action}"
+        )
+        return "\n".join([head, *(f"  {rank.describe()}" for rank in self.ranks)])
+
+    def to_json(self) -> JsonValue:
+        return {
+            "epoch": self.epoch,
+            "at": self.at,
+            "stalled_for": self.stalled_for,
+            "action": self.action,
+            "ranks": [rank.to_json() for rank in self.ranks],
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> HangRecord:
+        fields = _Fields(key, value, "the hang diagnosis")
+        items = _items(key, value, "ranks", "the hang diagnosis")
+        return cls(
+            fields.integer("epoch", minimum=1),
+            fields.number("at", 0.0),
+            fields.number("stalled_for", 0.0),
+            fields.text("action"),
+            tuple(HangRank.from_json(key, item) for item in items),
         )

@@ -10,6 +10,10 @@ Gloo's own key-value scopes:
   followed by the six ints: ``"<epoch>,<rank>,<size>,..."``.
 * ``GET /elastic_epoch/<slot>`` -- the epoch the slot was last admitted to: ``"<epoch>"``.
 * ``PUT /worker_addresses/<slot>:0`` -- a worker's notification service address.
+* ``PUT /progress/<slot>`` -- a training process's progress (:class:`ProgressReport`, JSON),
+  about once a second; the reply (:class:`ProgressReply`) may ask for its stacks.
+* ``PUT /stacks/<slot>`` -- the process's Python stacks (:class:`StacksReport`, JSON), sent
+  when a reply asked for them (the launcher's hang watchdog).
 
 This module owns the scope names, the request keys, the reply encodings and the URLs (with
 brackets for IPv6 addresses); the server and the clients both use it. Pure: no I/O.
@@ -22,6 +26,8 @@ import binascii
 import enum
 import io
 import ipaddress
+import json
+import math
 import pickle
 from dataclasses import dataclass
 from typing import Final, NoReturn
@@ -33,6 +39,8 @@ RANK_AND_SIZE: Final = "rank_and_size"
 ELASTIC_READY: Final = "elastic_ready"
 ELASTIC_EPOCH: Final = "elastic_epoch"
 WORKER_ADDRESSES: Final = "worker_addresses"
+PROGRESS: Final = "progress"
+STACKS: Final = "stacks"
 
 #: Horovod names a worker ``<hostname>:<local rank>``; every slot is a host with local rank 0.
 _LOCAL_RANK_SUFFIX: Final = ":0"
@@ -223,6 +231,170 @@ def _bad_addresses(value: object) -> NoReturn:
         "worker_addresses must be ({interface: [(ip, port), ...]}, secret key bytes), got "
         + (text if len(text) <= 120 else text[:117] + "...")
     )
+
+
+#: The largest ``progress`` body read (a few numbers and a phase name).
+MAX_PROGRESS_BYTES: Final = 4 * 1024
+#: The largest ``stacks`` body read; a process's stacks are cut to fit (see StacksReport).
+MAX_STACKS_BYTES: Final = 256 * 1024
+#: The longest phase name or location kept from a report.
+_MAX_NAME: Final = 200
+
+
+def progress_url(address: str, slot: str) -> str:
+    """Where a training process reports its progress."""
+    return f"{base_url(address)}/{PROGRESS}/{slot}"
+
+
+def stacks_url(address: str, slot: str) -> str:
+    """Where a training process sends its stacks when asked."""
+    return f"{base_url(address)}/{STACKS}/{slot}"
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """A training process's progress, as it reports it about once a second.
+
+    ``ticks`` counts the steps and commits the process has finished since it started (it only
+    grows, rollbacks included); ``step`` is the script's own step when the library knows it.
+    ``phase`` names a long phase the watchdog must not take for a hang (``startup`` until the
+    first tick, ``evaluation``, ``checkpoint``, ``sync``, or one the script marks); None while
+    it trains."""
+
+    incarnation: int
+    ticks: int
+    step: int | None = None
+    phase: str | None = None
+    #: Seconds the last step took (None: not measured yet).
+    step_seconds: float | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "incarnation": self.incarnation,
+                "ticks": self.ticks,
+                "step": self.step,
+                "phase": self.phase,
+                "step_seconds": self.step_seconds,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> ProgressReport:
+        """Parse a ``progress`` body; ProtocolError says what is wrong."""
+        fields = _json_object(body, "progress", MAX_PROGRESS_BYTES)
+        seconds = fields.get("step_seconds")
+        if seconds is not None and not (
+            isinstance(seconds, (int, float))
+            and not isinstance(seconds, bool)
+            and math.isfinite(seconds)
+            and seconds >= 0
+        ):
+            raise ProtocolError(f"progress: step_seconds must be seconds >= 0, got {seconds!r}")
+        return cls(
+            incarnation=_count(fields, "incarnation", "progress", minimum=1),
+            ticks=_count(fields, "ticks", "progress"),
+            step=None if fields.get("step") is None else _count(fields, "step", "progress"),
+            phase=_opt_name(fields, "phase", "progress"),
+            step_seconds=None if seconds is None else float(seconds),
+        )
+
+
+@dataclass(frozen=True)
+class ProgressReply:
+    """The launcher's answer to a progress report: whether to send the stacks now."""
+
+    send_stacks: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps({"send_stacks": self.send_stacks}).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> ProgressReply:
+        fields = _json_object(body, "progress reply", MAX_PROGRESS_BYTES)
+        flag = fields.get("send_stacks", False)
+        if not isinstance(flag, bool):
+            raise ProtocolError(f"progress reply: send_stacks must be true or false, got {flag!r}")
+        return cls(flag)
+
+
+@dataclass(frozen=True)
+class StacksReport:
+    """Where a process is, for the hang watchdog's diagnosis.
+
+    ``collective`` names the collective the main thread waits in (a Horovod operation, or a
+    compiled TensorFlow function, whose collectives run inside it), None when it is elsewhere;
+    ``where`` is the innermost frame of the main thread outside TensorFlow and Horovod
+    (``file:line in function``); ``stacks`` holds every thread's Python stack as text."""
+
+    incarnation: int
+    collective: str | None
+    where: str
+    stacks: str
+
+    def encode(self) -> bytes:
+        """The JSON body, with the stacks cut (and marked so) to fit MAX_STACKS_BYTES."""
+        stacks = self.stacks
+        while True:
+            body = json.dumps(
+                {
+                    "incarnation": self.incarnation,
+                    "collective": None if self.collective is None else self.collective[:_MAX_NAME],
+                    "where": self.where[:_MAX_NAME],
+                    "stacks": stacks,
+                }
+            ).encode()
+            if len(body) <= MAX_STACKS_BYTES:
+                return body
+            keep = len(stacks) * (MAX_STACKS_BYTES - 2 * _MAX_NAME) // len(body) - 64
+            stacks = stacks[: max(0, keep)] + "\n[cut]"
+
+    @classmethod
+    def decode(cls, body: bytes) -> StacksReport:
+        """Parse a ``stacks`` body; ProtocolError says what is wrong."""
+        fields = _json_object(body, "stacks", MAX_STACKS_BYTES)
+        stacks = fields.get("stacks")
+        if not isinstance(stacks, str):
+            raise ProtocolError("stacks: field 'stacks' must be a string")
+        where = _opt_name(fields, "where", "stacks")
+        return cls(
+            incarnation=_count(fields, "incarnation", "stacks", minimum=1),
+            collective=_opt_name(fields, "collective", "stacks"),
+            where=where or "unknown",
+            stacks=stacks,
+        )
+
+
+def _json_object(body: bytes, what: str, limit: int) -> dict[str, object]:
+    if len(body) > limit:
+        raise ProtocolError(f"{what} body of {len(body)} bytes is too large (limit {limit})")
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"{what} body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} body must be a JSON object")
+    return value
+
+
+def _count(fields: dict[str, object], name: str, what: str, *, minimum: int = 0) -> int:
+    value = fields.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ProtocolError(
+            f"{what}: field {name!r} must be an integer >= {minimum}, got {value!r}"
+        )
+    return value
+
+
+def _opt_name(fields: dict[str, object], name: str, what: str) -> str | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.isprintable() or len(value) > _MAX_NAME:
+        raise ProtocolError(
+            f"{what}: field {name!r} must be a printable string of at most {_MAX_NAME} characters"
+        )
+    return value
 
 
 def _is_ipv6(host: str) -> bool:

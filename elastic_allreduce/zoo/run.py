@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from elastic_allreduce import runtime
+from elastic_allreduce import progress, runtime
 from elastic_allreduce.data import TFRecordSource
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.zoo.contract import ModelDef
@@ -281,6 +281,10 @@ class Trainer:
         self._print(line)
 
     def _evaluate(self, state: Any) -> None:  # noqa: ANN401
+        with progress.phase("evaluation"):  # a long pass is not a hang
+            self._evaluate_now(state)
+
+    def _evaluate_now(self, state: Any) -> None:  # noqa: ANN401
         assert self.valid is not None
         ids = np.array_split(np.arange(len(self.valid)), self.hvd.size())[self.hvd.rank()]
         metrics = [self.loss_metric, *self.pieces.metrics.values()]

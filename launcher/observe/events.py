@@ -30,6 +30,8 @@ class EventKind(str, enum.Enum):
     LEFT = "Left"
     CRASHED = "Crashed"
     REFORMED = "Reformed"
+    #: The hang watchdog found the ring without progress (``slots``: the ranks it replaced).
+    HUNG = "Hung"
     #: The last commit as rank 0 reported it: ``step`` and ring ``size``.
     PROGRESS = "Progress"
     FINISHED = "Finished"

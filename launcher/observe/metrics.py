@@ -42,7 +42,7 @@ class JobMetrics:
         Gauge("elastic_restarts_limit", "--max-restarts.", registry=r).set(settings.max_restarts)
         self.changes = Counter(
             "elastic_membership_changes",
-            "Slots that joined, left or crashed, and ring epochs re-formed, by kind.",
+            "Slots that joined, left or crashed, ring epochs re-formed and hangs found, by kind.",
             ["kind"],
             registry=r,
         )
@@ -67,8 +67,27 @@ class JobMetrics:
             "Committed steps per second between the last two progress samples.",
             registry=r,
         )
+        self.rank_step = Gauge(
+            "elastic_rank_step",
+            "Each ring member's last reported step (from its progress reports).",
+            ["slot"],
+            registry=r,
+        )
+        self.rank_step_seconds = Gauge(
+            "elastic_rank_step_seconds",
+            "Seconds each ring member's last step took.",
+            ["slot"],
+            registry=r,
+        )
         self.phase.state(JobPhase.RUNNING.value)
-        for kind in (EventKind.JOINED, EventKind.LEFT, EventKind.CRASHED, EventKind.REFORMED):
+        kinds = (
+            EventKind.JOINED,
+            EventKind.LEFT,
+            EventKind.CRASHED,
+            EventKind.REFORMED,
+            EventKind.HUNG,
+        )
+        for kind in kinds:
             self.changes.labels(kind.value)  # every series exists from the start, at 0
 
     def record(self, event: JobEvent) -> None:
@@ -78,8 +97,9 @@ class JobMetrics:
             return
         if event.kind in (EventKind.STARTED, EventKind.PROGRESS):
             return
-        # A join, leave or crash counts each slot it concerns; a re-formed ring counts once.
-        slots = 1 if event.kind is EventKind.REFORMED else max(1, len(event.slots))
+        # A join, leave or crash counts each slot it concerns; a re-formed ring or a hang once.
+        once = event.kind in (EventKind.REFORMED, EventKind.HUNG)
+        slots = 1 if once else max(1, len(event.slots))
         self.changes.labels(event.kind.value).inc(slots)
         if event.kind is EventKind.REFORMED and event.cause is not None:
             if event.cause != "start":

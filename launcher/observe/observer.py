@@ -16,7 +16,7 @@ from typing import Any, Final
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.snapshot import JobSnapshot
-from elastic_allreduce.records.values import JobPhase, JobSettings
+from elastic_allreduce.records.values import HangRecord, JobPhase, JobSettings, RanksRecord
 from launcher.observe.events import (
     PROGRESS_INTERVAL,
     EventKind,
@@ -105,6 +105,30 @@ class JobObserver:
             self.metrics.ring_size.set(len(ring.slots))
         if isinstance(step, int) and not isinstance(step, bool):
             self._sample(step, progress.size if progress is not None else None, ring)
+
+    def hang(self, record: HangRecord, replaced: tuple[str, ...]) -> None:
+        """The hang watchdog found the ring without progress (and replaced these slots)."""
+        message = record.describe().splitlines()[0]
+        self._add(JobEvent(time.time(), EventKind.HUNG, record.epoch, message, replaced))
+        with self._lock:
+            self._status["hang"] = {
+                "epoch": record.epoch,
+                "at": record.at,
+                "action": record.action,
+                "ranks": [r.describe() for r in record.ranks],
+            }
+
+    def ranks(self, record: RanksRecord) -> None:
+        """The members' progress (each rank's last step, step time and phase)."""
+        with self._lock:
+            self._status["rank_progress"] = [rank.to_json() for rank in record.ranks]
+        self.metrics.rank_step.clear()
+        self.metrics.rank_step_seconds.clear()
+        for rank in record.ranks:
+            if rank.step is not None:
+                self.metrics.rank_step.labels(rank.slot).set(rank.step)
+            if rank.step_seconds is not None:
+                self.metrics.rank_step_seconds.labels(rank.slot).set(rank.step_seconds)
 
     def finished(self, succeeded: bool, reason: str) -> None:
         """The job ended (the launcher wrote its final status)."""

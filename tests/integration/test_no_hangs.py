@@ -14,8 +14,9 @@ import pytest
 
 from elastic_allreduce import logprefix
 from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import read_job
 from tests.conftest import ROOT
-from tests.integration.harness import HVD_SCRIPT, Job, slot_of_rank, start_job
+from tests.integration.harness import HVD_SCRIPT, Job, run_cli, slot_of_rank, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -144,3 +145,122 @@ def test_a_slot_removed_by_a_graceful_leave_exits_quietly(etcd_server, jobs: lis
     assert len(quiet) == 1, said[-10:]
     assert any(f"slot {leaver} left (not admitted)" in line for line in job.lines), job.tail()
     assert_same_state_at_the_end(job, 2)
+
+
+# -- the hang watchdog (--hang-timeout) ---------------------------------------------------------
+
+HANG_SCRIPT = str(ROOT / "tests" / "scripts" / "hang_at_step.py")
+HANG_TIMEOUT = 10.0
+
+
+def sleeper_line(job: Job) -> tuple[str, float]:
+    """The slot that went to sleep, and when its line arrived."""
+    for line in job.lines:
+        parsed = logprefix.parse_line(line)
+        if parsed is not None and " sleeps at step " in parsed.text:
+            return parsed.slot, time.monotonic()
+    raise AssertionError("no rank went to sleep:\n" + job.tail())
+
+
+def test_a_rank_asleep_outside_a_collective_is_diagnosed_and_replaced(
+    etcd_server, jobs: list[Job], tmp_path: Path
+) -> None:
+    # No restarts allowed: replacing a hung rank is not charged to the budget.
+    job = start_job(
+        etcd_server,
+        *("--workers", "3", "--max-restarts", "0", "--hang-timeout", str(HANG_TIMEOUT)),
+        script=HANG_SCRIPT,
+        script_args=("--steps", "120", "--sleep-at-step", "50", "--once", str(tmp_path / "once")),
+    )
+    jobs.append(job)
+    job.wait_for(lambda: any(" sleeps at step 50" in line for line in job.lines), 90, "a sleeper")
+    sleeper, slept_at = sleeper_line(job)
+    job.wait_for(
+        lambda: any(f"slot {sleeper} hung; replacing it" in line for line in job.lines),
+        HANG_TIMEOUT + 5,
+        "the sleeper replaced within --hang-timeout + 5 s",
+    )
+    detected_after = time.monotonic() - slept_at
+    assert job.finish(120) == 0, job.tail()
+
+    hang = read_job(job.store).hang
+    assert hang is not None, "no diagnosis in status/hang"
+    ranks = {r.slot: r for r in hang.record.ranks}
+    asleep = ranks[sleeper]
+    assert asleep.rank == 1 and asleep.step == 50, asleep
+    assert asleep.collective is None and asleep.where.endswith("in hang_here"), asleep
+    assert "time.sleep(3600)" in asleep.stacks
+    others = [r for slot, r in ranks.items() if slot != sleeper]
+    # The others wait in the step's allreduce, inside the compiled step function.
+    assert all(
+        r.collective is not None
+        and "step_fn" in r.collective
+        and r.where.startswith("hang_at_step.py:")
+        for r in others
+    ), others
+    assert "NOT in a collective, at hang_at_step.py:" in "\n".join(job.lines)
+    assert f"stacks of rank 1 (slot {sleeper})" in "\n".join(job.lines)
+    assert_same_state_at_the_end(job, 3)
+    assert {e.slot for e in job.done()} == set(ranks)  # the replacement finished too
+    assert detected_after <= HANG_TIMEOUT + 5
+
+
+def test_a_second_hang_at_the_same_place_fails_the_job_with_the_diagnosis(
+    etcd_server, jobs: list[Job]
+) -> None:
+    # Whoever is rank 1 at step 50 sleeps: after the replacement the next rank 1 does too.
+    job = start_job(
+        etcd_server,
+        *("--workers", "3", "--hang-timeout", str(HANG_TIMEOUT)),
+        script=HANG_SCRIPT,
+        script_args=("--steps", "120", "--sleep-at-step", "50"),
+    )
+    jobs.append(job)
+    assert job.finish(150) == 1, job.tail()
+    reason = job.lines[-1]
+    assert "the ring hung twice at the same place" in reason, reason
+    assert "NOT in a collective, at hang_at_step.py:" in reason and "in hang_here" in reason
+    status = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
+    assert "last hang" in status.stdout and "failing the job" in status.stdout, status.stdout
+    assert "time.sleep(3600)" in status.stdout, status.stdout
+
+
+def test_a_long_first_step_and_a_marked_evaluation_are_not_hangs(
+    etcd_server, jobs: list[Job]
+) -> None:
+    slow = str(HANG_TIMEOUT + 4)
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "0", "--hang-timeout", str(HANG_TIMEOUT)),
+        script=HANG_SCRIPT,
+        script_args=(
+            *("--steps", "40", "--slow-first-step", slow),
+            *("--slow-eval-at-step", "20", "--slow-eval", slow),
+        ),
+    )
+    jobs.append(job)
+    assert job.finish(150) == 0, job.tail()
+    assert not any("no progress for" in line for line in job.lines), job.tail()
+    assert read_job(job.store).hang is None
+    assert_same_state_at_the_end(job, 2)
+
+
+def test_status_shows_each_ranks_last_step_and_step_time(etcd_server, jobs: list[Job]) -> None:
+    job = start_job(
+        etcd_server,
+        *("--workers", "2"),
+        script=HANG_SCRIPT,
+        script_args=("--steps", "600", "--step-delay", "0.02"),
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 10, 90, "commits at size 2")
+    ranks: list[str] = []
+
+    def both_ranks_shown() -> bool:
+        shown = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
+        ranks[:] = [line for line in shown.stdout.splitlines() if line.startswith("  rank ")]
+        return len(ranks) == 2 and all(" s ago, " in line and "s/step" in line for line in ranks)
+
+    job.wait_for(both_ranks_shown, 30, "each rank's step and step time in `elastic-run status`")
+    assert all(" -- step " in line for line in ranks), ranks
+    assert job.finish(120) == 0, job.tail()

@@ -78,11 +78,6 @@ def predicted_metrics(stderr: str) -> dict[str, float]:
     }
 
 
-@pytest.mark.known_bug(
-    "issue 18: about one run in five, after the SIGKILL the survivors' built-in loop returns "
-    "right after the rollback (summary at the committed step, no steps after it) and the job "
-    "'succeeds' having trained a fraction of an epoch; the audit then fails. Not root-caused."
-)
 def test_digits_train_through_a_kill_and_a_join_exactly_once_and_the_export_reloads(
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path, digits: Path
 ) -> None:

@@ -1,0 +1,225 @@
+"""A training process's progress, as the launcher's hang watchdog sees it.
+
+The library counts progress with :func:`report_step` (``ElasticData`` and the Keras feed call it
+after every step, ``ea.State`` at every commit) and marks long phases that are not hangs with
+:func:`phase` (``ea.State`` around its syncs and checkpoint writes, the model zoo around an
+evaluation). Counting is an attribute write: nothing leaves the process per step.
+
+Under ``elastic-run`` the bootstrap starts a :class:`Beacon`: a daemon thread that sends the
+counts to the launcher's rendezvous server about once a second (``PUT /progress/<slot>``, see
+:mod:`elastic_allreduce.rendezvous.protocol`). When the launcher's watchdog finds that the ring
+made no progress for ``--hang-timeout``, its reply asks for the stacks: the thread formats every
+thread's Python stack, names the collective the main thread waits in (if any) and sends them.
+The thread runs while the main thread waits in a collective or sleeps, since both release the
+GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Final
+
+from elastic_allreduce.errors import ProtocolError
+from elastic_allreduce.rendezvous import protocol
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two progress reports.
+REPORT_INTERVAL: Final = 1.0
+#: The phase of a process that has not finished a step yet (imports, tracing, the first sync).
+STARTUP: Final = "startup"
+
+
+@dataclass
+class _Counts:
+    ticks: int = 0
+    step: int | None = None
+    step_seconds: float | None = None
+    last_tick: float | None = None
+
+
+_counts = _Counts()
+_phases: list[str] = []
+_lock = threading.Lock()
+
+
+def report_step(step: int | None = None) -> None:
+    """Count one finished step (or commit) of this process; ``step`` is the script's own step
+    number when it has one. Cheap enough to call every step."""
+    now = time.monotonic()
+    counts = _counts
+    if counts.last_tick is not None:
+        counts.step_seconds = now - counts.last_tick
+    counts.last_tick = now
+    counts.step = step if step is not None else counts.step
+    counts.ticks += 1
+
+
+def report_commit(step: int | None = None) -> None:
+    """Count a commit as progress (a script without a per-step report makes progress at its
+    commits); unlike :func:`report_step` it does not time a step."""
+    counts = _counts
+    counts.step = step if step is not None else counts.step
+    counts.ticks += 1
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Mark a long phase that is not a hang (an evaluation pass, a checkpoint write): the
+    launcher's watchdog does not fire while any rank is inside one. Phases nest."""
+    with _lock:
+        _phases.append(name)
+    try:
+        yield
+    finally:
+        with _lock:
+            _phases.remove(name)
+
+
+def current_report(incarnation: int) -> protocol.ProgressReport:
+    """What the beacon sends now."""
+    counts = _counts
+    with _lock:
+        marked = _phases[-1] if _phases else None
+    if marked is None and counts.ticks == 0:
+        marked = STARTUP
+    return protocol.ProgressReport(
+        incarnation, counts.ticks, counts.step, marked, counts.step_seconds
+    )
+
+
+# -- where the main thread is ----------------------------------------------------------------
+
+
+def _package_root(name: str) -> str | None:
+    """The folder of an installed top-level package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.join(locations[0], "") if locations else None
+
+
+_HOROVOD: Final = _package_root("horovod") or f"{os.sep}horovod{os.sep}"
+_TENSORFLOW: Final = _package_root("tensorflow") or f"{os.sep}tensorflow{os.sep}"
+#: TensorFlow's eager runtime: a compiled function (and the collectives inside it) runs there.
+_EAGER: Final = os.path.join(_TENSORFLOW, "python", "eager", "")
+_LIBRARY_PATHS: Final = tuple(
+    root
+    for root in (
+        _HOROVOD,
+        _TENSORFLOW,
+        _package_root("keras"),
+        _package_root("tf_keras"),
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), ""),
+    )
+    if root is not None
+)
+
+
+def _describe(frame: FrameType) -> str:
+    code = frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+
+
+def _is_library(frame: FrameType) -> bool:
+    filename = frame.f_code.co_filename
+    # Generated op wrappers (a custom op library's) have no file: "<...>".
+    return filename.startswith("<") or any(part in filename for part in _LIBRARY_PATHS)
+
+
+def locate(frame: FrameType | None) -> tuple[str | None, str]:
+    """``(collective, where)`` of a thread whose innermost frame is ``frame``.
+
+    ``where``: the innermost frame outside TensorFlow, Keras, Horovod and this library (the
+    place to look at in the script). ``collective``: what the thread waits in below that frame
+    -- a Horovod call, or a compiled TensorFlow function (whose collectives run inside it) --
+    or None when it is elsewhere (sleeping in the script, reading data)."""
+    if frame is None:
+        return None, "unknown"
+    library: list[FrameType] = []
+    walker: FrameType | None = frame
+    while walker is not None and _is_library(walker):
+        library.append(walker)
+        walker = walker.f_back
+    where = _describe(walker) if walker is not None else _describe(frame)
+    horovod = [f for f in library if _HOROVOD in f.f_code.co_filename]
+    if horovod:
+        outer = horovod[-1]
+        return f"Horovod {outer.f_code.co_name} ({_describe(outer)})", where
+    if library and _EAGER in library[0].f_code.co_filename:
+        name = library[0].f_locals.get("op_name")
+        text = name.decode(errors="replace") if isinstance(name, bytes) else name
+        shown = f" {text}" if isinstance(text, str) else ""
+        return f"a compiled TensorFlow function{shown} ({_describe(library[0])})", where
+    return None, where
+
+
+def stacks_report(incarnation: int, main_thread: threading.Thread) -> protocol.StacksReport:
+    """Every thread's Python stack, and where the main thread is."""
+    frames = sys._current_frames()
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in frames.items():
+        title = names.get(ident, f"thread {ident}")
+        parts.append(f'Thread "{title}":\n' + "".join(traceback.format_stack(frame)))
+    collective, where = locate(frames.get(main_thread.ident or -1))
+    return protocol.StacksReport(incarnation, collective, where, "\n".join(parts))
+
+
+# -- the beacon --------------------------------------------------------------------------------
+
+
+class Beacon:
+    """The daemon thread that reports this process's progress to the launcher."""
+
+    def __init__(self, rendezvous: str, slot: str, incarnation: int) -> None:
+        self._progress_url = protocol.progress_url(rendezvous, slot)
+        self._stacks_url = protocol.stacks_url(rendezvous, slot)
+        self._incarnation = incarnation
+        self._main = threading.main_thread()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress-beacon", daemon=True)
+        self._failures = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(REPORT_INTERVAL):
+            try:
+                reply = protocol.ProgressReply.decode(
+                    _put(self._progress_url, current_report(self._incarnation).encode())
+                )
+                if reply.send_stacks:
+                    _put(self._stacks_url, stacks_report(self._incarnation, self._main).encode())
+                self._failures = 0
+            except (OSError, ProtocolError) as exc:
+                # The launcher may be re-forming or gone; the next report tries again.
+                self._failures += 1
+                if self._failures == 1:
+                    log.debug("progress report not delivered: %s", exc)
+
+
+def _put(url: str, body: bytes) -> bytes:
+    request = urllib.request.Request(url, data=body, method="PUT")  # noqa: S310 - http://
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=5) as reply:  # noqa: S310
+        data: bytes = reply.read(protocol.MAX_PROGRESS_BYTES + 1)
+        return data

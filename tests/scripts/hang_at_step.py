@@ -1,0 +1,76 @@
+"""A training script that hangs on purpose, for the launcher's hang watchdog.
+
+Trains the tiny model (ea.State, a step count reported with ea.report_step) for ``--steps``
+steps, committing every ``--commit-every`` and printing {"event": "commit"|"done", ...}. Faults:
+
+* ``--sleep-at-step N --sleep-rank R``: rank R sleeps in Python (outside any collective) before
+  step N; with ``--once FILE`` only the first process to get there does (it creates FILE);
+* ``--slow-first-step S``: every process's first step takes S seconds longer;
+* ``--slow-eval-at-step N --slow-eval S``: an evaluation marked with ``ea.phase`` takes S seconds
+  on every rank at step N (once per process).
+"""
+
+import argparse
+import os
+import time
+
+import tensorflow as tf
+import tiny_model
+
+import elastic_allreduce as ea
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=100)
+parser.add_argument("--commit-every", type=int, default=5)
+parser.add_argument("--step-delay", type=float, default=0.02)
+parser.add_argument("--sleep-at-step", type=int)
+parser.add_argument("--sleep-rank", type=int, default=1)
+parser.add_argument("--once")
+parser.add_argument("--slow-first-step", type=float, default=0.0)
+parser.add_argument("--slow-eval-at-step", type=int)
+parser.add_argument("--slow-eval", type=float, default=0.0)
+args = parser.parse_args()
+
+ea.init()
+model, optimizer, step_fn = tiny_model.build()
+state = ea.State(model, optimizer, step=0)
+evaluated = []
+
+
+def hang_here():
+    """Whether this rank sleeps now (the fault), and never returns if so."""
+    if args.once is not None:
+        try:
+            os.close(os.open(args.once, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+    print(f"rank {ea.rank()} sleeps at step {state.step}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+@ea.run
+def train(state):
+    first = True
+    while state.step < args.steps:
+        if state.step == args.sleep_at_step and ea.rank() == args.sleep_rank:
+            hang_here()
+        if first and args.slow_first_step:
+            time.sleep(args.slow_first_step)
+        first = False
+        step_fn()
+        state.step += 1
+        ea.report_step(state.step)
+        time.sleep(args.step_delay)
+        if state.step == args.slow_eval_at_step and not evaluated:
+            evaluated.append(state.step)
+            with ea.phase("evaluation"):
+                time.sleep(args.slow_eval)
+            ea.allreduce(tf.constant(1.0))  # every rank finished its evaluation
+        if state.step % args.commit_every == 0:
+            state.commit()
+            tiny_model.emit("commit", state, model)
+
+
+train(state)
+tiny_model.emit("done", state, model)
