@@ -41,7 +41,7 @@ from elastic_allreduce.errors import (
     StateMismatchError,
     StoreError,
 )
-from elastic_allreduce.progress import Beacon
+from elastic_allreduce.progress import REPORT_INTERVAL, Beacon
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
@@ -162,6 +162,20 @@ class RingGuard:
         self._watch.close()
 
 
+def _progress_interval() -> float:
+    raw = os.environ.get(env.PROGRESS_INTERVAL, str(REPORT_INTERVAL))
+    try:
+        interval = float(raw)
+    except ValueError:
+        interval = -1.0
+    if not 0 <= interval < 3600:
+        raise ConfigError(
+            f"{env.PROGRESS_INTERVAL}={raw!r}: give seconds between progress reports "
+            f"(default {REPORT_INTERVAL:g}; 0 turns them off)"
+        )
+    return interval
+
+
 def _wait_for_first_epoch(rendezvous: str, slot: str) -> protocol.Admission:
     url = protocol.ready_url(rendezvous, slot)
     with urllib.request.urlopen(url, timeout=None) as reply:  # noqa: S310 - always http://
@@ -208,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     excluded = {port, *(endpoint.port for endpoint in store.endpoints)}
     guard = RingGuard(store, slot, admission.epoch, excluded)
     guard.start()
-    Beacon(rendezvous, slot, record.incarnation).start()
+    Beacon(rendezvous, slot, record.incarnation, _progress_interval()).start()
     from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 
     hooks.install(store)

@@ -70,3 +70,6 @@ HOROVOD_RANK_VARIABLES: Final = (
 CHECKPOINT_DIR: Final = "ELASTIC_ALLREDUCE_CHECKPOINT_DIR"
 #: Directory where every rank appends one JSON line per training step (the sample audit log).
 SAMPLE_LOG: Final = "ELASTIC_ALLREDUCE_SAMPLE_LOG"
+#: Seconds between a training process's progress reports to the launcher (default 1; 0: none,
+#: and the hang watchdog then cannot see the process -- for measuring the reports' cost).
+PROGRESS_INTERVAL: Final = "ELASTIC_ALLREDUCE_PROGRESS_INTERVAL"

@@ -48,6 +48,7 @@ class _Counts:
     step: int | None = None
     step_seconds: float | None = None
     last_tick: float | None = None
+    total: int | None = None
 
 
 _counts = _Counts()
@@ -55,11 +56,14 @@ _phases: list[str] = []
 _lock = threading.Lock()
 
 
-def report_step(step: int | None = None) -> None:
-    """Count one finished step (or commit) of this process; ``step`` is the script's own step
-    number when it has one. Cheap enough to call every step."""
+def report_step(step: int | None = None, *, total: int | None = None) -> None:
+    """Count one finished step of this process; ``step`` is the script's own step number when
+    it has one, ``total`` the steps it will take in all (``elastic-run status --watch`` then
+    shows a progress bar with an ETA). Cheap enough to call every step: no I/O."""
     now = time.monotonic()
     counts = _counts
+    if total is not None:
+        counts.total = total
     if counts.last_tick is not None:
         counts.step_seconds = now - counts.last_tick
     counts.last_tick = now
@@ -96,7 +100,7 @@ def current_report(incarnation: int) -> protocol.ProgressReport:
     if marked is None and counts.ticks == 0:
         marked = STARTUP
     return protocol.ProgressReport(
-        incarnation, counts.ticks, counts.step, marked, counts.step_seconds
+        incarnation, counts.ticks, counts.step, marked, counts.step_seconds, counts.total
     )
 
 
@@ -186,23 +190,28 @@ def stacks_report(incarnation: int, main_thread: threading.Thread) -> protocol.S
 class Beacon:
     """The daemon thread that reports this process's progress to the launcher."""
 
-    def __init__(self, rendezvous: str, slot: str, incarnation: int) -> None:
+    def __init__(
+        self, rendezvous: str, slot: str, incarnation: int, interval: float = REPORT_INTERVAL
+    ) -> None:
         self._progress_url = protocol.progress_url(rendezvous, slot)
         self._stacks_url = protocol.stacks_url(rendezvous, slot)
         self._incarnation = incarnation
+        self._interval = interval
         self._main = threading.main_thread()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="progress-beacon", daemon=True)
         self._failures = 0
 
     def start(self) -> None:
-        self._thread.start()
+        """Start reporting (not at all with an interval of 0)."""
+        if self._interval > 0:
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
-        while not self._stop.wait(REPORT_INTERVAL):
+        while not self._stop.wait(self._interval):
             try:
                 reply = protocol.ProgressReply.decode(
                     _put(self._progress_url, current_report(self._incarnation).encode())

@@ -16,13 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from rich.console import Console
+
 from elastic_allreduce import __version__, env
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import parse_job, read_job
-from elastic_allreduce.records.values import JobConfig, RankProgress, ScaleTarget
+from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse_endpoints
-from launcher import job_options, security_cli
+from launcher import job_options, security_cli, status_view
 from launcher import zoo as zoo_cli
 from launcher.agent import Agent, AgentSettings, NodeTemplate, python_script_args
 from launcher.exit_codes import exit_code
@@ -34,7 +36,6 @@ from launcher.observe.observer import (
     JobObserver,
     add_observer_flags,
     observer_settings,
-    recent_events,
 )
 from launcher.observe.timeline import render_file as render_timeline
 from launcher.provisioners.local import LocalProvisioner
@@ -171,10 +172,23 @@ def _build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status",
         parents=[common],
-        help="show a job's phase, ring epoch, ranks and members",
-        description="Show a job's phase, ring epoch and ranks, members and the last commit.",
+        help="show a job's phase, ring epoch, ranks and members (--watch: live)",
+        description=(
+            "Show a job's phase, ring epoch, each rank's last step (and how long ago, and its "
+            "step time), members, the last commit, the last hang, and the recent events when "
+            "the launcher's dashboard answers."
+        ),
     )
     _add_store_flags(status)
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--watch",
+        action="store_true",
+        help="a live view in the terminal, redrawn as the job changes, until it ends (Ctrl-C "
+        "leaves): ring, ranks, steps, a progress bar with ETA when the script declares its "
+        "total steps (ea.report_step(step, total=N)), recent events",
+    )
+    shown.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
     keys = commands.add_parser(
         "keys",
@@ -363,22 +377,24 @@ def _run_scale(args: argparse.Namespace) -> int:
 def _run_status(args: argparse.Namespace) -> int:
     store, _ = _open_job(args)
     with store:
-        job = read_job(store)
+        if args.watch:
+            with contextlib.suppress(KeyboardInterrupt):
+                status_view.watch(store, args.job_id, Console(), until=lambda: False)
+            return 0
+        view = status_view.gather(store, args.job_id)
+    if args.json:
+        print(json.dumps(status_view.to_json(view)))
+        return 0
+    job = view.job
     status = job.status.record if job.status else None
     phase = status.to_json() if status else None
     print(f"job {args.job_id}: {json.dumps(phase)}")
     if job.ring is not None:
         ring = job.ring.record
         print(f"ring epoch {ring.epoch} ({ring.state.value}, cause {ring.cause.value})")
-        reported = job.ranks.record if job.ranks is not None else None
-        progress_of = (
-            {r.slot: r for r in reported.ranks}
-            if reported is not None and reported.epoch == ring.epoch
-            else {}
-        )
-        now = time.time()
         for rank, slot in enumerate(ring.slots):
-            print(f"  rank {rank}: {slot}{_rank_progress(progress_of.get(slot), now)}")
+            shown = status_view.rank_progress(view.ranks.get(slot), view.now)
+            print(f"  rank {rank}: {slot}" + (f" -- {shown}" if shown else ""))
     print(f"members: {', '.join(sorted(job.members)) or '(none)'}")
     progress = job.progress.record.to_json() if job.progress else None
     print(f"last commit: {json.dumps(progress)}")
@@ -392,33 +408,13 @@ def _run_status(args: argparse.Namespace) -> int:
                 print(textwrap.indent(hung.stacks.rstrip(), "    "))
     for skipped in job.skipped:
         print(f"skipped key {skipped.key}: {skipped.reason}")
-    dashboard = job.leader.record.dashboard if job.leader is not None else None
-    if dashboard is not None:
-        print(f"dashboard: http://{dashboard}/")
-        try:
-            events = recent_events(dashboard, count=5)
-        except (OSError, ValueError) as exc:
-            print(f"  (not reachable from here: {exc})")
-        else:
-            for event in events:
-                print(f"  {event.kind.value} (epoch {event.epoch}): {event.message}")
+    if view.dashboard is not None:
+        print(f"dashboard: http://{view.dashboard}/")
+        if view.events_error is not None:
+            print(f"  (not reachable from here: {view.events_error})")
+        for event in view.events:
+            print(f"  {event.kind.value} (epoch {event.epoch}): {event.message}")
     return 0
-
-
-def _rank_progress(progress: RankProgress | None, now: float) -> str:
-    """`` -- step 153, 1.2 s ago (0.031 s/step)`` for a rank's line in `status`."""
-    if progress is None:
-        return ""
-    parts = []
-    if progress.step is not None:
-        parts.append(f"step {progress.step}")
-    if progress.progressed_at is not None:
-        parts.append(f"{max(0.0, now - progress.progressed_at):.1f} s ago")
-    if progress.step_seconds is not None:
-        parts.append(f"{progress.step_seconds:.3f} s/step")
-    if progress.phase is not None:
-        parts.append(f"in {progress.phase}")
-    return f" -- {', '.join(parts)}" if parts else ""
 
 
 def _run_timeline(args: argparse.Namespace) -> int:

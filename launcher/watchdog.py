@@ -272,6 +272,7 @@ def ranks_record(
                 None if report.step_seconds is None else round(report.step_seconds, 4),
                 report.phase,
                 round(progress.changed_wall, 3) if report.ticks else None,
+                report.total_steps,
             )
         )
     return RanksRecord(ring.epoch, round(wall, 3), tuple(ranks))

@@ -90,4 +90,15 @@ elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 else
   say "no chromium and no root apt: the dashboard test will not render the page"
 fi
+
+# tmux: the pseudo-terminal that tests/integration/test_status_watch.py drives `status --watch` in.
+if command -v tmux >/dev/null 2>&1; then
+  say "tmux: $(command -v tmux)"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  say "installing Debian's tmux (the status --watch test runs in it)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q tmux >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q tmux >/dev/null; }
+else
+  say "no tmux and no root apt: install tmux for the status --watch test"
+fi
 say "done"

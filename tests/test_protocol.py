@@ -129,7 +129,7 @@ def test_a_malformed_worker_registration_says_what_is_wrong(body: bytes, why: st
 
 
 def test_progress_reports_round_trip_and_urls_name_the_slot() -> None:
-    report = protocol.ProgressReport(2, 41, 40, "evaluation", 0.125)
+    report = protocol.ProgressReport(2, 41, 40, "evaluation", 0.125, 1000)
     assert protocol.ProgressReport.decode(report.encode()) == report
     assert protocol.ProgressReport.decode(protocol.ProgressReport(1, 0).encode()).phase is None
     reply = protocol.ProgressReply(send_stacks=True)

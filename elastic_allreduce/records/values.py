@@ -533,6 +533,8 @@ class RankProgress:
     phase: str | None
     #: When it last made progress (Unix seconds, the launcher's clock); None: not yet.
     progressed_at: float | None
+    #: The steps the script said it will take in all.
+    total_steps: int | None = None
 
     def to_json(self) -> JsonValue:
         return {
@@ -544,6 +546,7 @@ class RankProgress:
             "step_seconds": self.step_seconds,
             "phase": self.phase,
             "progressed_at": self.progressed_at,
+            "total_steps": self.total_steps,
         }
 
     @classmethod
@@ -558,6 +561,7 @@ class RankProgress:
             step_seconds=_opt_number(fields, "step_seconds"),
             phase=fields.opt_text("phase"),
             progressed_at=_opt_number(fields, "progressed_at"),
+            total_steps=fields.opt_integer("total_steps", minimum=1),
         )
 
 

@@ -267,6 +267,8 @@ class ProgressReport:
     phase: str | None = None
     #: Seconds the last step took (None: not measured yet).
     step_seconds: float | None = None
+    #: The steps the script will take in all, when it said (``ea.report_step(step, total=N)``).
+    total_steps: int | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -276,6 +278,7 @@ class ProgressReport:
                 "step": self.step,
                 "phase": self.phase,
                 "step_seconds": self.step_seconds,
+                "total_steps": self.total_steps,
             }
         ).encode()
 
@@ -297,6 +300,11 @@ class ProgressReport:
             step=None if fields.get("step") is None else _count(fields, "step", "progress"),
             phase=_opt_name(fields, "phase", "progress"),
             step_seconds=None if seconds is None else float(seconds),
+            total_steps=(
+                None
+                if fields.get("total_steps") is None
+                else _count(fields, "total_steps", "progress", minimum=1)
+            ),
         )
 
 

@@ -60,7 +60,7 @@ def train(state):
         first = False
         step_fn()
         state.step += 1
-        ea.report_step(state.step)
+        ea.report_step(state.step, total=args.steps)
         time.sleep(args.step_delay)
         if state.step == args.slow_eval_at_step and not evaluated:
             evaluated.append(state.step)
