@@ -53,13 +53,6 @@ class StatusView:
 def gather(store: Store, job_id: str) -> StatusView:
     """Read the job (one store read) and, if its dashboard answers, its recent events."""
     job = read_job(store)
-    ring = job.ring.record if job.ring is not None else None
-    reported = job.ranks.record if job.ranks is not None else None
-    ranks = (
-        {r.slot: r for r in reported.ranks}
-        if reported is not None and ring is not None and reported.epoch == ring.epoch
-        else {}
-    )
     events: list[JobEvent] = []
     error = None
     dashboard = job.leader.record.dashboard if job.leader is not None else None
@@ -68,7 +61,21 @@ def gather(store: Store, job_id: str) -> StatusView:
             events = recent_events(dashboard, count=SHOWN_EVENTS)
         except (OSError, ValueError) as exc:
             error = str(exc)
-    return StatusView(job_id, job, ranks, tuple(events), error, time.time())
+    return make_view(job_id, job, tuple(events), error, time.time())
+
+
+def make_view(
+    job_id: str, job: JobSnapshot, events: tuple[JobEvent, ...], error: str | None, now: float
+) -> StatusView:
+    """The view of a snapshot: the members' progress only if it is the current epoch's."""
+    ring = job.ring.record if job.ring is not None else None
+    reported = job.ranks.record if job.ranks is not None else None
+    ranks = (
+        {r.slot: r for r in reported.ranks}
+        if reported is not None and ring is not None and reported.epoch == ring.epoch
+        else {}
+    )
+    return StatusView(job_id, job, ranks, events, error, now)
 
 
 def rank_progress(progress: RankProgress | None, now: float) -> str:
