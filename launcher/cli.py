@@ -441,8 +441,12 @@ def _run_job(args: argparse.Namespace) -> int:
     """`elastic-run run`: lead one job, locally or (--kubernetes) with worker pods; the job's
     flags are those of launcher/job_options.py, shared with `elastic-run k8s render|submit`."""
     options = job_options.from_args(args)
-    command, job_id = options.command, options.job_id
     kube_mode = None
+    if args.kubernetes:
+        # `-- train --model-def ...` (a hand-written launcher pod): the runner's command, as
+        # `k8s render` writes it; the definition and data are the pods'.
+        options = zoo_cli.in_cluster(options)
+    command, job_id = options.command, options.job_id
     if args.kubernetes:
         # The script lives in the workers' image; this pod need not have it.
         kube_mode = KubernetesMode.from_environment(

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.zoo import options as train_flags
@@ -166,21 +166,27 @@ def run_check(options: TrainOptions, timeout: float = CHECK_TIMEOUT) -> dict[str
     raise ConfigError(f"checking the model definition {options.model_def} printed no result")
 
 
+class _TrainCommandParser(argparse.ArgumentParser):
+    """Unknown or missing flags are a ConfigError (one error line), not argparse's usage text
+    and exit (which ``exit_on_error=False`` does not cover for them)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"the training command `train ...`: {message}")
+
+
 def in_cluster(job: JobOptions) -> JobOptions:
-    """A job for ``elastic-run k8s render|submit``: a training command ``train FLAGS`` (the
+    """A job for ``elastic-run k8s render|submit`` and ``run --kubernetes``: a command ``train FLAGS`` (the
     training flags of ``elastic-run train``) becomes the runner's command; paths are the
     pods' (the definition inside the image, the data on a volume), so nothing is checked here
     beyond the flags: each training process checks the definition when it starts."""
     if job.command[:1] != ("train",):
         return job
-    parser = argparse.ArgumentParser(prog="train", add_help=False, exit_on_error=False)
+    parser = _TrainCommandParser(prog="train", add_help=False, exit_on_error=False)
     train_flags.add_train_flags(parser)
     try:
         args = parser.parse_args(list(job.command[1:]))
     except argparse.ArgumentError as exc:
         raise ConfigError(f"the training command `train ...`: {exc}") from exc
-    except SystemExit as exc:  # argparse printed what is wrong, with the usage
-        raise ConfigError("the training command `train ...` is not valid (see above)") from exc
     options = train_flags.from_args(args)
     command = ("python", "-m", RUNNER, "train", *train_flags.to_args(options))
     return job_options.validate(replace(job, command=command))

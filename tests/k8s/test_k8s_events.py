@@ -92,3 +92,13 @@ def test_kubernetes_mode_needs_a_worker_template_and_an_etcd(
         capsys, "--kubernetes", "--worker-template", str(tmp_path / "missing.yaml"), "--", "x"
     )
     assert code == 2 and "cannot read the worker template" in err
+
+
+def test_kubernetes_mode_reads_a_train_command_as_the_model_zoo_runner(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A hand-written launcher pod (`run --kubernetes -- train ...`) gets the same conversion
+    # as `k8s render`: the train flags are checked here, before any pod exists.
+    code, err = run_cli(capsys, "--kubernetes", "--", "train", "--model-def", "m.py")
+    assert code == 2 and "the training command `train ...`" in err, err
+    assert "--training-data" in err, err
