@@ -175,10 +175,11 @@ class _TrainCommandParser(argparse.ArgumentParser):
 
 
 def in_cluster(job: JobOptions) -> JobOptions:
-    """A job for ``elastic-run k8s render|submit`` and ``run --kubernetes``: a command ``train FLAGS`` (the
-    training flags of ``elastic-run train``) becomes the runner's command; paths are the
-    pods' (the definition inside the image, the data on a volume), so nothing is checked here
-    beyond the flags: each training process checks the definition when it starts."""
+    """A job for ``elastic-run k8s render|submit`` and ``run --kubernetes``: a training command
+    ``train FLAGS`` (the training flags of ``elastic-run train``) becomes the runner's command;
+    paths are the pods' (the definition inside the image, the data on a volume), so nothing is
+    checked here beyond the flags: each training process checks the definition when it
+    starts."""
     if job.command[:1] != ("train",):
         return job
     parser = _TrainCommandParser(prog="train", add_help=False, exit_on_error=False)
