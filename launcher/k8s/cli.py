@@ -31,6 +31,7 @@ from launcher.k8s.errors import (
     KubernetesForbiddenError,
     KubernetesNotFoundError,
 )
+from launcher.k8s.manifests import DEFAULT_METRICS_PORT
 from launcher.k8s.naming import (
     DEFAULT_NAMESPACE,
     ETCD_NAME,
@@ -176,6 +177,19 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out the NetworkPolicies (e.g. for an etcd outside the namespace)",
     )
+    metrics = parser.add_mutually_exclusive_group()
+    metrics.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        metavar="PORT",
+        help="the launcher pod serves its dashboard, Prometheus /metrics and JSON API on this "
+        "port, with prometheus.io/scrape|port|path annotations and a NetworkPolicy that opens "
+        f"only this port to scrapers (default {DEFAULT_METRICS_PORT})",
+    )
+    metrics.add_argument(
+        "--no-metrics", action="store_true", help="no metrics port, annotations or policy"
+    )
     parser.add_argument(
         "--node-selector",
         action="append",
@@ -218,6 +232,7 @@ def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
         network_policy=not args.no_network_policy,
         node_selector=selector,
         tolerations=tuple(manifests.Toleration.parse(t) for t in args.toleration),
+        metrics_port=None if args.no_metrics else args.metrics_port,
     ).validate()
 
 

@@ -72,6 +72,7 @@ from launcher.k8s.naming import (
     etcd_labels,
     job_labels,
     launcher_name,
+    metrics_policy_name,
     network_policy_name,
     pod_labels,
     same_job,
@@ -87,6 +88,9 @@ yaml: Any = importlib.import_module("yaml")
 #: so that other pods preempt training first, and not below the cluster autoscaler's default
 #: cut-off for "expendable" pods (-10), so that pending workers still make it add nodes.
 PRIORITY_VALUE: Final = -5
+
+#: The launcher's dashboard, /metrics and JSON API port in its pod (``--metrics-port``).
+DEFAULT_METRICS_PORT: Final = 9090
 
 #: The image of the namespace's etcd (k8s/base and ``with_etcd``).
 ETCD_IMAGE: Final = "gcr.io/etcd-development/etcd:v3.5.21"
@@ -161,6 +165,8 @@ class JobSpec:
     network_policy: bool = True
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    #: The launcher's metrics port (scraped through the prometheus.io annotations); None: off.
+    metrics_port: int | None = DEFAULT_METRICS_PORT
 
     @property
     def job_id(self) -> str:
@@ -187,6 +193,11 @@ class JobSpec:
             raise ConfigError(
                 f"invalid --image {self.image!r}: give an image reference such as "
                 "registry.example.com/elastic-allreduce:0.1.0"
+            )
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ConfigError(
+                f"invalid --metrics-port {self.metrics_port}: give a TCP port (1-65535) for the "
+                "launcher pod, or --no-metrics"
             )
         checkpoints = self.job.checkpoint_dir
         if checkpoints is not None and not posixpath.isabs(checkpoints):
@@ -328,6 +339,7 @@ def launcher_args(spec: JobSpec) -> list[str]:
         "--etcd",
         spec.etcd_endpoints,
         *_client_flags(spec),
+        *([] if spec.metrics_port is None else ["--metrics-port", str(spec.metrics_port)]),
         *job_options.to_args(spec.job),
     ]
 
@@ -343,6 +355,16 @@ def _launcher_job(spec: JobSpec) -> Manifest:
     if spec.client_tls:
         mounts.append(_client_mount())
         volumes.append(_client_volume(spec))
+    pod_metadata: Manifest = {"labels": pod_labels(spec.job_id, ROLE_LAUNCHER)}
+    container: Manifest = {}
+    if spec.metrics_port is not None:
+        # The usual annotations of a Prometheus pod scrape (kubernetes_sd_configs role: pod).
+        pod_metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(spec.metrics_port),
+            "prometheus.io/path": "/metrics",
+        }
+        container["ports"] = [{"name": "metrics", "containerPort": spec.metrics_port}]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -352,7 +374,7 @@ def _launcher_job(spec: JobSpec) -> Manifest:
             # a second pod would be refused, so the Job does not retry.
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": pod_labels(spec.job_id, ROLE_LAUNCHER)},
+                "metadata": pod_metadata,
                 "spec": {
                     "serviceAccountName": name,
                     "restartPolicy": "Never",
@@ -373,6 +395,7 @@ def _launcher_job(spec: JobSpec) -> Manifest:
                                 "requests": {"cpu": "250m", "memory": "512Mi"},
                                 "limits": {"memory": "1Gi"},
                             },
+                            **container,
                             "securityContext": _container_security(),
                             "volumeMounts": mounts,
                         }
@@ -467,6 +490,30 @@ def _network_policies(spec: JobSpec) -> list[Manifest]:
                 ],
             },
         },
+        *_metrics_policy(spec),
+    ]
+
+
+def _metrics_policy(spec: JobSpec) -> list[Manifest]:
+    """Scrapers (Prometheus, in any namespace) reach the launcher's metrics port, and only it."""
+    if spec.metrics_port is None:
+        return []
+    return [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": metrics_policy_name(spec.job_id),
+                "labels": job_labels(spec.job_id),
+            },
+            "spec": {
+                "podSelector": {
+                    "matchLabels": {**same_job(spec.job_id), ROLE_LABEL: ROLE_LAUNCHER}
+                },
+                "policyTypes": ["Ingress"],
+                "ingress": [{"ports": [{"protocol": "TCP", "port": spec.metrics_port}]}],
+            },
+        }
     ]
 
 

@@ -124,6 +124,11 @@ def network_policy_name(job_id: str) -> str:
     return job_id
 
 
+def metrics_policy_name(job_id: str) -> str:
+    """Name of the NetworkPolicy that lets scrapers reach the launcher's metrics port."""
+    return f"{job_id}-launcher-metrics"
+
+
 def api_policy_name(job_id: str) -> str:
     """Name of the NetworkPolicy that lets the launcher reach the Kubernetes API."""
     return f"{job_id}-launcher-api"

@@ -106,6 +106,7 @@ def test_render_prints_the_jobs_manifests(capsys: pytest.CaptureFixture[str]) ->
         "ConfigMap",
         "NetworkPolicy",
         "NetworkPolicy",
+        "NetworkPolicy",
         "Job",
     ]
     assert all(o["metadata"]["namespace"] == NS for o in objects)
@@ -113,6 +114,30 @@ def test_render_prints_the_jobs_manifests(capsys: pytest.CaptureFixture[str]) ->
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--") :] == COMMAND
     assert args[args.index("--job-id") + 1] == "demo"
+    assert args[args.index("--metrics-port") + 1] == "9090"
+
+
+@pytest.mark.parametrize(
+    ("flags", "port"),
+    [((), "9090"), (("--metrics-port", "8000"), "8000"), (("--no-metrics",), None)],
+)
+def test_render_opens_the_metrics_port_for_scrapers_unless_told_not_to(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], port: str | None
+) -> None:
+    code, out, err = run(
+        capsys, "k8s", "render", "--image", IMAGE, "--job-id", "d", *flags, *COMMAND
+    )
+    assert (code, err) == (0, "")
+    job = next(doc for doc in yaml.safe_load_all(out) if doc and doc["kind"] == "Job")
+    annotations = job["spec"]["template"]["metadata"].get("annotations", {})
+    assert annotations.get("prometheus.io/port") == port
+
+
+def test_render_refuses_a_metrics_port_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "k8s", "render", "--image", IMAGE, "--job-id", "d", "--metrics-port", "0", *COMMAND
+    )
+    assert code == 2 and out == "" and "invalid --metrics-port 0" in err
 
 
 def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,7 @@ import functools
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,7 @@ def test_every_object_of_every_overlay_validates(overlay: str) -> None:
             "Role",
             "RoleBinding",
             "ConfigMap",
+            "NetworkPolicy",
             "NetworkPolicy",
             "NetworkPolicy",
             "NetworkPolicy",
@@ -350,6 +352,36 @@ def test_the_network_policy_admits_only_the_job_and_reaches_only_it_etcd_and_dns
     assert clients["ports"] == [{"protocol": "TCP", "port": 2379}]
     # The workers and the launcher carry the label the etcd policy admits.
     assert worker_template(objects)["metadata"]["labels"][n.NAME_LABEL] == n.APP_NAME
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_scrapes_the_launchers_metrics_port_and_only_it_is_opened(overlay: str) -> None:
+    objects = build(overlay)
+    args = launcher_container(objects)["args"]
+    port = int(flag(args, "--metrics-port"))
+    job = one(objects, "Job")
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+    }
+    assert launcher_container(objects)["ports"] == [{"name": "metrics", "containerPort": port}]
+    job_id = flag(args, "--job-id")
+    policies = {p["metadata"]["name"]: p["spec"] for p in objects if p["kind"] == "NetworkPolicy"}
+    scrape = policies[f"{job_id}-launcher-metrics"]
+    assert scrape["podSelector"]["matchLabels"] == {n.JOB_LABEL: job_id, n.ROLE_LABEL: "launcher"}
+    assert scrape["policyTypes"] == ["Ingress"]
+    assert scrape["ingress"] == [{"ports": [{"protocol": "TCP", "port": port}]}]
+
+
+def test_no_metrics_leaves_out_the_port_the_annotations_and_the_policy() -> None:
+    objects = m.render(replace(BASE_SPEC, metrics_port=None))
+    job = one(tuple(objects), "Job")
+    assert "annotations" not in job["spec"]["template"]["metadata"]
+    assert "--metrics-port" not in m.launcher_args(replace(BASE_SPEC, metrics_port=None))
+    names = [o["metadata"]["name"] for o in objects if o["kind"] == "NetworkPolicy"]
+    assert not [name for name in names if name.endswith("-launcher-metrics")]
 
 
 def etcd_env(objects: tuple[Obj, ...]) -> dict[str, str]:
