@@ -23,6 +23,7 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
 from elastic_allreduce.records.values import (
     Directive,
+    HangRecord,
     JobConfig,
     JobPhase,
     JobSettings,
@@ -70,6 +71,20 @@ log = logging.getLogger("elastic-run")
 
 #: Seconds between two writes of ``status/ranks`` (only when a member's progress changed).
 RANKS_INTERVAL: Final = 2.0
+#: What ``status/hang`` keeps of the stacks (the log has them all): the first ranks not in a
+#: collective, each cut to this many characters -- an etcd value is at most 1.5 MiB.
+STORED_STACKS: Final = 8
+STORED_STACK_CHARS: Final = 32 * 1024
+
+
+def _for_the_store(record: HangRecord) -> HangRecord:
+    """The diagnosis with only the odd ones out's stacks, cut to fit a store value."""
+    kept = [r.slot for r in record.ranks if r.collective is None][:STORED_STACKS]
+    ranks = tuple(
+        replace(r, stacks=r.stacks[:STORED_STACK_CHARS] if r.slot in kept else "")
+        for r in record.ranks
+    )
+    return replace(record, ranks=ranks)
 
 
 @dataclass(frozen=True)
@@ -305,7 +320,7 @@ class Launcher:
                     rank.stacks.rstrip(),
                 )
         try:
-            self.store.put(keys.HANG, record.to_json())
+            self.store.put(keys.HANG, _for_the_store(record).to_json())
         except StoreError as exc:
             log.warning("could not record the hang diagnosis in the store: %s", exc)
         if self.observer is not None:
