@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import report  # noqa: E402
-from bench.items import collectives, faults, state, throughput  # noqa: E402
+from bench.items import collectives, faults, progress, state, throughput  # noqa: E402
 from bench.items.context import Context  # noqa: E402
 from bench.jobs import log  # noqa: E402
 from elastic_allreduce.store import EmbeddedEtcd  # noqa: E402
@@ -46,6 +46,7 @@ ITEMS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "faults": faults.run,
     "allreduce": collectives.run,
     "state": state.run,
+    "progress": progress.run,
 }
 
 
@@ -98,6 +99,10 @@ def versions() -> dict[str, str]:
     return found
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds every job's context manager: nothing is left running
 
@@ -133,11 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "schema": 1,
         "mode": "quick" if args.quick else "full",
-        "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "started": _now(),
         "machine": machine_info(),
         "versions": versions(),
         "items": {},
         "item_seconds": {},
+        # When each item started, the load then, and the code measured: a result merged from
+        # several runs (one item measured again) still says which figure comes from when.
+        "item_runs": {},
     }
     log(f"{results['mode']} run of {chosen} on {results['machine']}")
     with EmbeddedEtcd() as etcd:
@@ -145,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in (name for name in ITEMS if name in chosen):
             log(f"--- {name}")
             item_started = time.monotonic()
+            results["item_runs"][name] = {
+                "run": results["started"],
+                "started": _now(),
+                "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+                "commit": results["versions"]["elastic-allreduce"],
+            }
             try:
                 results["items"][name] = ITEMS[name](ctx)
             except Exception as exc:  # one item's failure must not lose the others

@@ -96,9 +96,13 @@ def synthetic() -> dict[str, Any]:
                 },
                 "hang": {
                     "what": "stop",
-                    "elastic_run": summarize([3.5]),
-                    "target_s": 4.0,
-                    "met": True,
+                    "elastic_run": summarize([1.2, 1.3]),
+                    "crash_median_s": 0.225,
+                    "stopped_limit_s": 1.0,
+                    "state_check_interval_s": 0.2,
+                    "target_s": 1.0,
+                    "target_stat": "median",
+                    "met": False,
                 },
                 "scaleup": {
                     "what": "join",
@@ -143,6 +147,36 @@ def synthetic() -> dict[str, Any]:
                     for params in (1_000_000, 50_000_000)
                 ],
             },
+            "progress": {
+                "what": "steps/s, reporting on vs off",
+                "params": 1,
+                "rounds": 2,
+                "seconds_per_round": 1.0,
+                "reporting_on": summarize([9.9, 10.1]),
+                "reporting_off": summarize([10.0, 10.2]),
+                "on_env": {"ELASTIC_ALLREDUCE_PROGRESS_INTERVAL": "1"},
+                "off_env": {"ELASTIC_ALLREDUCE_PROGRESS_INTERVAL": "0"},
+                "ratio": 0.99,
+                "round_ratios": [0.99, 0.99],
+                "overhead_pct": 0.98,
+                "round_overheads_pct": [0.98, 0.98],
+                "noise_pct": 2.0,
+                "steps_per_cpu_s": {"on": 9.0, "off": 9.1},
+                "per_cpu_overhead_pct": 1.1,
+                "direct": {
+                    "report_step_cpu_s": 2e-7,
+                    "report_cpu_s": 3e-4,
+                    "cpu_per_process_s_per_s": 3.02e-4,
+                    "process_cpu_s_per_s": 0.75,
+                    "overhead_pct": 0.0403,
+                },
+                "cpu": {
+                    name: summarize([0.5, 1.9])
+                    for name in ("on_workers", "on_others", "off_workers", "off_others")
+                },
+                "target_overhead_pct": 1.0,
+                "met": True,
+            },
         },
     }
 
@@ -177,6 +211,51 @@ def test_report_files_are_well_formed(tmp_path: Path) -> None:
     assert "**4. scale-up misses its target.**" in text
     assert "0.980" in text and "cycle 0.1 ms" in text
     assert "## 5 and 6. Commit cost and state sync" in text
+    assert "## 8. Progress reporting overhead" in text
+    assert "**1.0 %** (target <= 1 %: met)" in text
+    assert "| 8. progress reporting overhead | 1.0 % (on 10.00 vs off 10.10 steps/s; timed" in text
+    assert "A 9.0, B 9.1, overhead 1.1 %" in text
+    assert "one `report_step` call 0.20 µs of CPU, one report as the beacon sends it" in text
+    assert "**0.04 %** of the CPU one uses with the reporting off (0.75 cores)" in text
+    assert "timed directly: 0.04 % of a process's CPU" in text
+    # A spread larger than the target is said to be noise.
+    assert "the rounds' own spread (2.0 %) exceeds the 1 % target" in text
+    _check_tables(text)
+
+
+def test_a_missed_hang_target_says_why_next_to_the_sigkill_figure() -> None:
+    text = report.render_markdown(synthetic(), png_link=None)
+    assert "Target: stopped -> survivors step again, median <= 1 s" in text
+    assert "| elastic-run, SIGKILL of the same job (item 2) | 0.225 s" in text
+    assert "SIGKILL: median 0.225 s" in text
+    assert "**3. hang recovery misses its target.**" in text
+    assert "kills it once stopped for 1 s (STOPPED_LIMIT in launcher/agent.py)" in text
+    assert "(item 2: median 0.23 s)" in text
+    _check_tables(text)
+
+
+def test_items_measured_in_other_runs_are_dated() -> None:
+    results = synthetic()
+    results["item_runs"] = {
+        name: {"run": results["started"], "started": f"2026-01-01 00:0{i} UTC"}
+        for i, name in enumerate(results["items"])
+    }
+    assert "items measured" not in report.render_markdown(results, png_link=None)
+    for name, started in (("faults", "10:00"), ("progress", "10:05")):
+        results["item_runs"][name] = {
+            "run": "2026-02-01 10:00 UTC",
+            "started": f"2026-02-01 {started} UTC",
+            "load_average": "1.50 1.00 1.00",
+            "commit": "abc1234",
+        }
+    text = report.render_markdown(results, png_link=None)
+    row = next(line for line in text.splitlines() if line.startswith("| items measured (UTC) |"))
+    assert "throughput (00:00, " not in row  # no load was recorded for it
+    assert "throughput (00:00)" in row and ": run of 2026-01-01 00:00 UTC" in row
+    assert (
+        "faults (10:00, load 1.50), progress (10:05, load 1.50): run of 2026-02-01 10:00 UTC, "
+        "abc1234" in row
+    )
     _check_tables(text)
 
 

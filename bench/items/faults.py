@@ -4,7 +4,9 @@ elastic-run: one job of 3 workers (bench/scripts/hvd_steps.py, ~100 k parameters
 restart budget; a fault schedule (data: ``kill`` = SIGKILL, ``stop`` = SIGSTOP) hits rank 1 of
 the running ring again and again. Each fault gives
 
-* recovery: from the signal until every survivor printed a step at size 2;
+* recovery: from the signal until every survivor printed a step at size 2 (a stopped process
+  is killed by its agent once stopped for ``launcher.agent.STOPPED_LIMIT``, then handled like a
+  crash);
 * scale-up: the restarted process is a new worker; from the moment it is ready (the launcher
   writes the ``resize`` epoch that includes it, seen on a store watch) until every rank printed
   a step at size 3 -- and, for reference, from its registration (``procs/<slot>`` written before
@@ -34,11 +36,15 @@ from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import EpochCause, ProcRecord, Ring, RingState
 from elastic_allreduce.store import EtcdStore, EventType
+from launcher.agent import STATE_CHECK_INTERVAL, STOPPED_LIMIT
 
 PARAMS = 100_000
 WARMUP_STEPS = 20
 RECOVERY_LIMIT_S = 60.0
-LEASE_TTL_S = 3.0  # the process lease of elastic-run's agents (AgentSettings.process_ttl)
+#: Item 3's target (the issue's): SIGSTOP -> the survivors step again, median <= 1 s. The agent
+#: kills a process stopped for STOPPED_LIMIT (seen at its checks every STATE_CHECK_INTERVAL),
+#: then the ring re-forms like after a crash: the median is expected somewhat above it.
+HANG_TARGET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -279,8 +285,13 @@ def run(ctx: Context) -> dict[str, Any]:
         "hang": {
             "what": "SIGSTOP of rank 1 of 3 -> every survivor completed a step at size 2 (s)",
             "elastic_run": hang,
-            "target_s": LEASE_TTL_S + 1.0,
-            "met": hang.get("max", float("inf")) <= LEASE_TTL_S + 1.0,
+            # The SIGKILL figure of the same job, to show beside it.
+            "crash_median_s": crash.get("median"),
+            "stopped_limit_s": STOPPED_LIMIT,
+            "state_check_interval_s": STATE_CHECK_INTERVAL,
+            "target_s": HANG_TARGET_S,
+            "target_stat": "median",
+            "met": hang.get("median", float("inf")) <= HANG_TARGET_S,
         },
         "scaleup": {
             "what": "new worker ready (resize epoch written) -> all 3 ranks stepping at size 3 (s)",

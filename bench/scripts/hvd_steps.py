@@ -4,6 +4,8 @@ Each step allreduces the gradients of a small dense model (about --params parame
 prints {"event": "step", "step": S, "size": N, "rank": R} on rank-local stdout; commits every
 --commit-every steps. Also prints {"event": "init"} once hvd.init() returned and {"event":
 "reset"} after every re-initialisation, so a benchmark can tell where a resize spends its time.
+With --report-steps, also counts every step with elastic_allreduce.progress.report_step(step)
+(what ElasticData and the Keras feed do), as a script would for elastic-run's hang watchdog.
 Runs unchanged under `elastic-run`, `horovodrun` (static or elastic).
 """
 
@@ -19,7 +21,16 @@ parser.add_argument("--steps", type=int, default=1000)
 parser.add_argument("--commit-every", type=int, default=10)
 parser.add_argument("--params", type=int, default=1_000_000)
 parser.add_argument("--batch", type=int, default=64)
+parser.add_argument(
+    "--report-steps",
+    action="store_true",
+    help="call elastic_allreduce.progress.report_step(step) after every step",
+)
 args = parser.parse_args()
+
+if args.report_steps:
+    # Only the progress module: it does not import TensorFlow (or the rest of the library).
+    from elastic_allreduce.progress import report_step
 
 
 def emit(event, **fields):
@@ -39,6 +50,8 @@ def train(state):
     while state.step < args.steps:
         train_step()
         state.step += 1
+        if args.report_steps:
+            report_step(state.step)
         emit("step", step=state.step)
         if state.step % args.commit_every == 0:
             state.commit()
