@@ -12,7 +12,7 @@ import enum
 import math
 import signal as signals
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Final, TypeAlias, TypeVar
 
 from elastic_allreduce.codec import JsonValue
@@ -512,6 +512,11 @@ def _items(key: str, value: JsonValue, name: str, what: str) -> list[JsonValue]:
     return items
 
 
+def _flat_json(record: RankProgress | HangRank) -> dict[str, JsonValue]:
+    """A record whose fields are all JSON scalars, as an object of its fields."""
+    return {item.name: getattr(record, item.name) for item in fields(record)}
+
+
 def _opt_number(fields: _Fields, name: str) -> float | None:
     return fields.number(name, 0.0) if fields.has(name) else None
 
@@ -537,17 +542,7 @@ class RankProgress:
     total_steps: int | None = None
 
     def to_json(self) -> JsonValue:
-        return {
-            "slot": self.slot,
-            "rank": self.rank,
-            "incarnation": self.incarnation,
-            "step": self.step,
-            "ticks": self.ticks,
-            "step_seconds": self.step_seconds,
-            "phase": self.phase,
-            "progressed_at": self.progressed_at,
-            "total_steps": self.total_steps,
-        }
+        return _flat_json(self)
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> RankProgress:
@@ -628,15 +623,7 @@ class HangRank:
         return head + f"NOT in a collective, at {self.where}"
 
     def to_json(self) -> JsonValue:
-        return {
-            "slot": self.slot,
-            "rank": self.rank,
-            "step": self.step,
-            "collective": self.collective,
-            "where": self.where,
-            "stacks": self.stacks,
-            "answered": self.answered,
-        }
+        return _flat_json(self)
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> HangRank:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from elastic_allreduce import logprefix
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import parse_job
 from elastic_allreduce.records.values import JobConfig, JobSettings, MemberRecord
@@ -17,6 +21,66 @@ from elastic_allreduce.store.api import WatchEvent
 from elastic_allreduce.store.cache import PrefixCache, drain
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube
+
+
+@dataclass
+class PodOutput:
+    """Every pod's lines as the fake's pods print them, and the JSON records of the training
+    processes' prefixed lines with the prefix they came with (``FakeKube(on_output=...)``)."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    records: list[tuple[logprefix.OutputLine, dict[str, Any]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, pod: str, line: str) -> None:
+        parsed = logprefix.parse_line(line)
+        record = None
+        if parsed is not None and parsed.text.startswith("{"):
+            try:
+                record = json.loads(parsed.text)
+            except json.JSONDecodeError:
+                record = None
+        with self.lock:
+            self.lines.append((pod, line))
+            if parsed is not None and isinstance(record, dict):
+                self.records.append((parsed, record))
+
+    def events(self, name: str) -> list[tuple[logprefix.OutputLine, dict[str, Any]]]:
+        """The records of one ``event`` (``commit``, ``done``), with their prefixes."""
+        with self.lock:
+            return [(p, r) for p, r in self.records if r.get("event") == name]
+
+    def commits(self, size: int | None = None) -> list[dict[str, Any]]:
+        return [r for _, r in self.events("commit") if size is None or r.get("size") == size]
+
+    def done(self) -> list[dict[str, Any]]:
+        return [r for _, r in self.events("done")]
+
+    def of(self, pod: str) -> list[str]:
+        with self.lock:
+            return [line for p, line in self.lines if p == pod]
+
+    def tail(self, count: int = 80) -> str:
+        """The launcher's log (whole), then the last ``count`` lines of every pod."""
+        with self.lock:
+            launcher = [f"{p}: {line}" for p, line in self.lines if p.endswith("-launcher")]
+            last = [f"{p}: {line}" for p, line in self.lines[-count:]]
+        return "\n".join([*launcher, "--- last lines of all pods ---", *last])
+
+
+def wait_showing(
+    kube: FakeKube, output: PodOutput, predicate: Callable[[], bool], timeout: float, what: str
+) -> None:
+    """``kube.wait_for``, failing with every pod's output."""
+    try:
+        kube.wait_for(predicate, timeout, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; output:\n{output.tail()}") from None
+
+
+def phase(pod: Mapping[str, Any] | None) -> str:
+    """A pod's status phase ("None" for no pod or no status yet)."""
+    return str((pod or {}).get("status", {}).get("phase"))
 
 
 class StoreView:

@@ -15,65 +15,21 @@ pods whose container is just `elastic-run join`, and sees them through the API. 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from elastic_allreduce import logprefix
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube
-from tests.k8s.conftest import join_template
+from tests.k8s.conftest import PodOutput, join_template, phase, wait_showing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_until.py")
-
-
-@dataclass
-class Output:
-    """Every pod's lines, and the training scripts' JSON records, as they arrive."""
-
-    lines: list[tuple[str, str]] = field(default_factory=list)
-    records: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __call__(self, pod: str, line: str) -> None:
-        record = None
-        parsed = logprefix.parse_line(line)
-        if parsed is not None and parsed.text.startswith("{"):
-            try:
-                record = json.loads(parsed.text)
-            except json.JSONDecodeError:
-                record = None
-        with self.lock:
-            self.lines.append((pod, line))
-            if isinstance(record, dict):
-                self.records.append(record)
-
-    def commits(self, size: int | None = None) -> list[dict[str, Any]]:
-        with self.lock:
-            return [
-                r
-                for r in self.records
-                if r.get("event") == "commit" and (size is None or r.get("size") == size)
-            ]
-
-    def done(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return [r for r in self.records if r.get("event") == "done"]
-
-    def tail(self, count: int = 60) -> str:
-        """The launcher's log (whole), then the last ``count`` lines of every pod."""
-        with self.lock:
-            launcher = [f"{p}: {line}" for p, line in self.lines if p.endswith("-launcher")]
-            last = [f"{p}: {line}" for p, line in self.lines[-count:]]
-        return "\n".join([*launcher, "--- last lines of all pods ---", *last])
 
 
 def launcher_pod(
@@ -113,12 +69,12 @@ def launcher_pod(
 
 
 @pytest.fixture
-def output() -> Output:
-    return Output()
+def output() -> PodOutput:
+    return PodOutput()
 
 
 @pytest.fixture
-def kube(output: Output) -> Iterator[FakeKube]:
+def kube(output: PodOutput) -> Iterator[FakeKube]:
     # One node for the launcher and two workers: the third worker pod stays Pending.
     with FakeKube(run_pods=True, capacity=3, on_output=output) as fake:
         yield fake
@@ -132,25 +88,12 @@ def worker_pods(kube: FakeKube, job_id: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def phase(pod: dict[str, Any]) -> str:
-    return str(pod.get("status", {}).get("phase"))
-
-
-def wait(
-    kube: FakeKube, output: Output, predicate: Callable[[], bool], timeout: float, what: str
-) -> None:
-    try:
-        kube.wait_for(predicate, timeout, what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; output:\n{output.tail()}") from None
-
-
-def committed_at(output: Output, pod: str, size: int) -> bool:
+def committed_at(output: PodOutput, pod: str, size: int) -> bool:
     return any(r.get("slot") == f"{pod}.0" for r in output.commits(size))
 
 
 def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
-    etcd_server: EmbeddedEtcd, kube: FakeKube, output: Output, tmp_path: Path
+    etcd_server: EmbeddedEtcd, kube: FakeKube, output: PodOutput, tmp_path: Path
 ) -> None:
     job_id = fresh_job_id("kube")
     template = tmp_path / "worker.json"
@@ -164,7 +107,7 @@ def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
         )
 
         # 1. Two worker pods run, the third stays Pending; training does not wait for it.
-        wait(kube, output, lambda: len(output.commits(2)) >= 6, 120, "commits at size 2")
+        wait_showing(kube, output, lambda: len(output.commits(2)) >= 6, 120, "commits at size 2")
         pods = worker_pods(kube, job_id)
         pending = [n for n, p in pods.items() if phase(p) == "Pending"]
         assert len(pods) == 3 and len(pending) == 1, {n: phase(p) for n, p in pods.items()}
@@ -172,7 +115,7 @@ def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
 
         # 2. Room for it: the pending pod starts and joins.
         kube.set_capacity(10)
-        wait(kube, output, lambda: committed_at(output, late, 3), 120, f"{late} to join")
+        wait_showing(kube, output, lambda: committed_at(output, late, 3), 120, f"{late} to join")
 
         # 3. A worker pod is SIGKILLed: a replacement pod joins and the job goes on at size 3.
         victim = sorted(worker_pods(kube, job_id))[0]
@@ -183,7 +126,9 @@ def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
             new = set(worker_pods(kube, job_id)) - old
             return next((n for n in sorted(new) if committed_at(output, n, 3)), None)
 
-        wait(kube, output, lambda: replaced(before) is not None, 150, "a replacement to join")
+        wait_showing(
+            kube, output, lambda: replaced(before) is not None, 150, "a replacement to join"
+        )
         assert phase(worker_pods(kube, job_id)[victim]) == "Failed"
 
         # 4. A worker pod is preempted: it leaves gracefully and a replacement joins.
@@ -191,12 +136,14 @@ def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
         assert preempted is not None
         before = set(worker_pods(kube, job_id))
         kube.preempt(preempted)
-        wait(kube, output, lambda: replaced(before) is not None, 150, "a second replacement")
+        wait_showing(
+            kube, output, lambda: replaced(before) is not None, 150, "a second replacement"
+        )
         assert preempted not in worker_pods(kube, job_id)
 
         # 5. Training stops when asked; the launcher pod succeeds and cleans up its workers.
         stop_file.touch()
-        wait(
+        wait_showing(
             kube,
             output,
             lambda: phase(kube.pod(launcher_name) or {}) in ("Succeeded", "Failed"),
@@ -204,7 +151,7 @@ def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
             "the launcher to finish",
         )
         assert phase(kube.pod(launcher_name) or {}) == "Succeeded", output.tail()
-        wait(
+        wait_showing(
             kube,
             output,
             lambda: (

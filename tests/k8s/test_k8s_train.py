@@ -27,9 +27,7 @@ import math
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from elastic_allreduce import audit, env, logprefix
+from elastic_allreduce import audit, env
 from elastic_allreduce.store import EmbeddedEtcd
 from elastic_allreduce.zoo import options as train_flags
 from launcher.cli import main
@@ -45,6 +43,7 @@ from launcher.k8s import naming
 from launcher.zoo import RUNNER
 from tests.conftest import ROOT, fresh_job_id
 from tests.helpers.fake_kube import FakeKube
+from tests.k8s.conftest import PodOutput, phase, wait_showing
 
 ZOO = ROOT / "examples" / "model_zoo"
 DIGITS_DEF = ZOO / "digits_cnn.py"
@@ -145,44 +144,6 @@ def test_a_bad_train_flag_fails_render_with_one_error_line(
 # -- end to end on the fake cluster -------------------------------------------------------------
 
 
-@dataclass
-class Output:
-    """Every pod's lines and, from the training processes' prefixed lines, the JSON records
-    with the rank and slot that printed them."""
-
-    lines: list[tuple[str, str]] = field(default_factory=list)
-    records: list[tuple[logprefix.OutputLine, dict[str, Any]]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def __call__(self, pod: str, line: str) -> None:
-        parsed = logprefix.parse_line(line)
-        record = None
-        if parsed is not None and parsed.text.startswith("{"):
-            try:
-                record = json.loads(parsed.text)
-            except json.JSONDecodeError:
-                record = None
-        with self.lock:
-            self.lines.append((pod, line))
-            if parsed is not None and isinstance(record, dict):
-                self.records.append((parsed, record))
-
-    def events(self, name: str) -> list[tuple[logprefix.OutputLine, dict[str, Any]]]:
-        with self.lock:
-            return [(p, r) for p, r in self.records if r.get("event") == name]
-
-    def of(self, pod: str) -> list[str]:
-        with self.lock:
-            return [line for p, line in self.lines if p == pod]
-
-    def tail(self, count: int = 80) -> str:
-        """The launcher's log (whole), then the last ``count`` lines of every pod."""
-        with self.lock:
-            launcher = [f"{p}: {line}" for p, line in self.lines if p.endswith("-launcher")]
-            last = [f"{p}: {line}" for p, line in self.lines[-count:]]
-        return "\n".join([*launcher, "--- last lines of all pods ---", *last])
-
-
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The digits TFRecords, as tests/integration/test_zoo.py makes them: what would be on the
@@ -201,12 +162,12 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def output() -> Output:
-    return Output()
+def output() -> PodOutput:
+    return PodOutput()
 
 
 @pytest.fixture
-def kube(output: Output) -> Iterator[FakeKube]:
+def kube(output: PodOutput) -> Iterator[FakeKube]:
     with FakeKube(run_pods=True, on_output=output) as fake:
         yield fake
 
@@ -218,19 +179,6 @@ def worker_pods(kube: FakeKube, job_id: str) -> dict[str, Manifest]:
         if p["metadata"].get("labels", {}).get(naming.JOB_LABEL) == job_id
         and p["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_WORKER
     }
-
-
-def phase(pod: Manifest | None) -> str:
-    return str((pod or {}).get("status", {}).get("phase"))
-
-
-def wait(
-    kube: FakeKube, output: Output, predicate: Callable[[], bool], timeout: float, what: str
-) -> None:
-    try:
-        kube.wait_for(predicate, timeout, what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; output:\n{output.tail()}") from None
 
 
 def worker_template(config_map: Manifest, sample_log: Path) -> Manifest:
@@ -281,7 +229,7 @@ def _expand(arg: str, values: dict[str, str]) -> str:
 def test_a_rendered_train_job_trains_the_digits_on_two_worker_pods_and_exports(
     etcd_server: EmbeddedEtcd,
     kube: FakeKube,
-    output: Output,
+    output: PodOutput,
     *,
     digits: Path,
     tmp_path: Path,
@@ -317,9 +265,11 @@ def test_a_rendered_train_job_trains_the_digits_on_two_worker_pods_and_exports(
         client.CoreV1Api(api).create_namespaced_pod(NAMESPACE, pod)
 
         # Two worker pods are created; they stay until the launcher is done with them.
-        wait(kube, output, lambda: len(worker_pods(kube, job_id)) == 2, 60, "two worker pods")
+        wait_showing(
+            kube, output, lambda: len(worker_pods(kube, job_id)) == 2, 60, "two worker pods"
+        )
         workers = set(worker_pods(kube, job_id))
-        wait(
+        wait_showing(
             kube,
             output,
             lambda: phase(kube.pod(launcher)) in ("Succeeded", "Failed"),
