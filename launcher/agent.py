@@ -10,9 +10,9 @@ into a graceful leave, and stops its processes when the job ends.
 It also looks at its processes' state in ``/proc/<pid>/stat`` every STATE_CHECK_INTERVAL: a
 process that stays stopped (``T``: SIGSTOP, SIGTSTP; ``t``: held by a tracer) for STOPPED_LIMIT
 is killed and reported like any exit, with a note in its output tail, so the launcher handles it
-as a hung process (restarted within ``--max-restarts``) about a second after the stop instead of
-when its lease expires. The lease stays the signal for what an agent cannot see: a node that is
-dead, stopped as a whole or cut off.
+as a hung process (restarted within ``--max-restarts``) about half a second after the stop
+instead of when its lease expires. The lease stays the signal for what an agent cannot see: a
+node that is dead, stopped as a whole or cut off.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ _TAIL_LINES: Final = 20
 _LEAVE: Final = "leave"
 
 #: Seconds a training process may stay stopped before its agent kills it as hung.
-STOPPED_LIMIT: Final = 1.0
+STOPPED_LIMIT: Final = 0.5
 #: Seconds between two looks at the training processes' state.
-STATE_CHECK_INTERVAL: Final = 0.2
+STATE_CHECK_INTERVAL: Final = 0.1
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
 _STOPPED_STATES: Final = frozenset({"T", "t"})
 
