@@ -18,6 +18,7 @@ node that is dead, stopped as a whole or cut off.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,6 +29,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -35,18 +38,21 @@ from typing import IO, Final
 
 from elastic_allreduce import env, logprefix
 from elastic_allreduce._process import die_with_parent
-from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from elastic_allreduce.codec import JsonValue
+from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, StoreError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import slot_id
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
 from elastic_allreduce.records.values import (
     Directive,
     ExitRecord,
+    JobConfig,
+    JobStatus,
     MemberRecord,
     ProcRecord,
     Ring,
 )
-from elastic_allreduce.rendezvous.protocol import split_host_port
+from elastic_allreduce.rendezvous.protocol import base_url, split_host_port
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.exit_codes import exit_code
@@ -74,11 +80,13 @@ class NodeTemplate:
     nproc_per_node: int
     command: tuple[str, ...]
     checkpoint_dir: str | None = None
+    #: Where the training processes run (None: the agent's working directory).
+    workdir: str | None = None
     #: The address peers reach the node at.
     host: str = "127.0.0.1"
     gloo_iface: str = "lo"
+    #: TTL of the node's lease and of each training process's (the job's --lease-ttl).
     lease_ttl: int = 3
-    process_ttl: int = 3
     leave_timeout: float = 60.0
     start_timeout: float = 60.0
 
@@ -106,6 +114,8 @@ class _Process:
     stopped_since: float | None = None
     #: Why the agent killed the process, if it did (added to the tail of its exit report).
     killed_because: str | None = None
+    #: Killed because the node was cut off from etcd (its exit is not reported).
+    fenced: bool = False
 
 
 def process_state(pid: int) -> str | None:
@@ -141,19 +151,47 @@ class Agent:
         self._lease: Lease | None = None
         self._skips = SkipReporter()
         self._next_state_check = 0.0
+        inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+        self._devices = slot_devices(inherited, settings.nproc_per_node)
+        check_command(settings.command, settings.workdir)
 
     # -- entry point -------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Serve until the job ends or this node has left; return the agent's exit code."""
+        """Serve until the job ends or this node has left; return the agent's exit code.
+
+        A node cut off from etcd past its lease stops its processes (:meth:`_fence`), waits
+        until etcd answers again and registers anew; it returns 0 if the job ended meanwhile.
+        """
         settings = self.settings
-        if self.store.get(keys.JOB_CONFIG) is None:
+        raw = self.store.get(keys.JOB_CONFIG)
+        if raw is None:
             raise ConfigError(
                 f"unknown job {settings.job_id!r} at {self.store.describe()}: start it with "
                 "`elastic-run ...` first, or check --job-id and --etcd"
             )
+        max_workers = JobConfig.from_json(raw.key, raw.value).settings.max_workers
         # Before registering: a SIGTERM right after registration must be a graceful leave.
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            while True:
+                outcome = self._register_and_serve(max_workers)
+                if outcome is not None:
+                    return outcome
+                if not self._await_store():
+                    return 0
+        finally:
+            self._stop_all(grace=5.0)
+            self.store.close()
+
+    def _register_and_serve(self, max_workers: int) -> int | None:
+        """Register the node and run its processes; the exit code, or None when fenced."""
+        settings = self.settings
+        rejoining = self._lease is not None
+        if self._lease is not None:
+            # Its keys, if the server still holds them (an etcd outage, not a partition).
+            with contextlib.suppress(StoreError):
+                self.store.revoke_lease(self._lease.id)
         lease = self._lease = self.store.grant_lease(settings.lease_ttl)
         member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
         key = keys.member(settings.node_id)
@@ -162,6 +200,13 @@ class Agent:
             raise ConfigError(
                 f"node id {settings.node_id!r} is already a member of job {settings.job_id!r}"
             )
+        full = self._over_max_workers(key, max_workers)
+        if full is not None:
+            lease.revoke()
+            if rejoining:
+                log.warning("[%s node %s] %s", settings.job_id, settings.node_id, full)
+                return 0
+            raise ConfigError(full)
         cache = PrefixCache(self.store, self._events)
         try:
             rendezvous = self._wait_for_launcher(cache)
@@ -172,13 +217,90 @@ class Agent:
                     settings.node_id,
                 )
                 return 0
+            if not rejoining:
+                try:
+                    check_reachable(rendezvous)
+                except ConfigError:
+                    lease.revoke()
+                    raise
             for index, incarnation in self._desired.items():
-                self._start(index, incarnation, rendezvous)
+                if incarnation > 0:
+                    self._start(index, incarnation, rendezvous)
             return self._serve(cache, rendezvous)
         finally:
             cache.close()
-            self._stop_all(grace=5.0)
-            self.store.close()
+
+    def _over_max_workers(self, key: str, max_workers: int) -> str | None:
+        """Why this node may not join (the job has --max-workers nodes before it), or None."""
+        members = self.store.get_prefix(keys.MEMBERS)
+        ahead = sorted(
+            (kv.create_revision, kv.key)
+            for kv in members
+            if kv.malformed is None and not _leaving(kv.key, kv.value)
+        )
+        order = [k for _, k in ahead]
+        if key not in order or order.index(key) < max_workers:
+            return None
+        others = ", ".join(k.removeprefix(keys.MEMBERS) for k in order[:max_workers])
+        return (
+            f"job {self.settings.job_id!r} already has its --max-workers {max_workers} nodes "
+            f"({others}): this node was not added; start the job with a larger --max-workers, "
+            "or join when a node has left"
+        )
+
+    def _fence(self, cut_off_for: float) -> None:
+        """Stop every training process: the node was cut off from etcd past its lease TTL, so
+        it cannot know whether the others re-formed the ring without it (a zombie rank would
+        hold its GPU and might write a checkpoint of a ring that moved on)."""
+        log.warning(
+            "[%s node %s] cut off from etcd: no lease renewal for %.1f s (TTL %d s); stopping "
+            "this node's training processes and registering again when etcd answers",
+            self.settings.job_id,
+            self.settings.node_id,
+            cut_off_for,
+            self.settings.lease_ttl,
+        )
+        for proc in self._procs.values():
+            proc.fenced = True
+        self._stop_all(grace=0.0)
+        self._procs.clear()
+        self._ring = None
+        # The next registration is a newcomer: every slot starts a new incarnation.
+        self._desired = {
+            index: self._started.get(index, 0) + 1
+            for index, wanted in self._desired.items()
+            if wanted > 0
+        }
+
+    def _await_store(self) -> bool:
+        """After a fence: wait until etcd answers; whether to register again (False: the job
+        ended meanwhile, or the node was asked to leave)."""
+        waited_since = time.monotonic()
+        while True:
+            try:
+                status = self.store.get(keys.JOB_STATUS)
+            except StoreError as exc:
+                if any(item == _LEAVE for item in drain(self._events, timeout=1.0)):
+                    return False
+                log.debug("etcd still unreachable: %s", exc)
+                continue
+            if status is not None and status.malformed is None:
+                with contextlib.suppress(ElasticAllreduceError):
+                    if JobStatus.from_json(status.key, status.value).phase.final:
+                        log.info(
+                            "[%s node %s] the job ended while this node was cut off",
+                            self.settings.job_id,
+                            self.settings.node_id,
+                        )
+                        return False
+            log.info(
+                "[%s node %s] etcd answers again after %.1f s; registering again",
+                self.settings.job_id,
+                self.settings.node_id,
+                time.monotonic() - waited_since,
+            )
+            self._events = queue.Queue()
+            return not self._leaving
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._events.put(_LEAVE)
@@ -201,10 +323,14 @@ class Agent:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _serve(self, cache: PrefixCache, rendezvous: str) -> int:
+    def _serve(self, cache: PrefixCache, rendezvous: str) -> int | None:
         node = self.settings.node_id
         changed = True
         while True:
+            lease = self._lease
+            if lease is not None and (lease.lost or time.monotonic() > lease.safe_until):
+                self._fence(time.monotonic() - lease.renewed_at)
+                return None
             if changed:
                 job = self._job(cache)
                 if job.ring is not None:
@@ -228,10 +354,13 @@ class Agent:
             self._kill_stopped()
 
     def _wait_time(self) -> float:
-        """How long the loop may wait for events: until the next look at the processes."""
-        if not self._procs:
-            return 1.0
-        return max(0.0, min(1.0, self._next_state_check - time.monotonic()))
+        """How long the loop may wait for events: until the next look at the processes, and
+        no later than the moment the lease may have expired."""
+        now = time.monotonic()
+        limit = 1.0 if self._lease is None else self._lease.safe_until - now + 0.01
+        if self._procs:
+            limit = min(limit, self._next_state_check - now)
+        return max(0.0, min(1.0, limit))
 
     def _kill_stopped(self) -> None:
         """Kill the processes that have stayed stopped for STOPPED_LIMIT (when a look is due)."""
@@ -327,14 +456,14 @@ class Agent:
                 env.JOB_ID: settings.job_id,
                 env.SLOT: slot,
                 env.INCARNATION: str(incarnation),
-                env.PROCESS_TTL: str(settings.process_ttl),
+                env.PROCESS_TTL: str(settings.lease_ttl),
                 env.HOROVOD_RENDEZVOUS_ADDR: address,
                 env.HOROVOD_RENDEZVOUS_PORT: str(port),
                 env.HOROVOD_HOSTNAME: slot,
                 "HOROVOD_CONTROLLER": "gloo",
                 "HOROVOD_CPU_OPERATIONS": "gloo",
                 "HOROVOD_GLOO_IFACE": settings.gloo_iface,
-                "CUDA_VISIBLE_DEVICES": child_env.get("CUDA_VISIBLE_DEVICES", str(index)),
+                "CUDA_VISIBLE_DEVICES": self._devices[index],
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -350,6 +479,7 @@ class Agent:
         popen = subprocess.Popen(
             command,
             env=child_env,
+            cwd=settings.workdir,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -391,6 +521,18 @@ class Agent:
 
     def _on_exit(self, proc: _Process) -> None:
         slot = slot_id(self.settings.node_id, proc.index)
+        if proc.fenced:
+            log.info("[%s] incarnation %d stopped (fenced)", self._prefix(slot), proc.incarnation)
+            return
+        try:
+            self._report_exit(proc, slot)
+        except StoreError as exc:
+            # etcd is unreachable: the lease check fences the node if it stays so.
+            log.warning("[%s] could not report the exit: %s", self._prefix(slot), exc)
+        if self._procs.get(proc.index) is proc:
+            del self._procs[proc.index]
+
+    def _report_exit(self, proc: _Process, slot: str) -> None:
         tail = tuple(proc.tail)
         if proc.killed_because is not None:
             # The launcher's crash report quotes the tail's last lines: this says why.
@@ -405,8 +547,6 @@ class Agent:
                 incarnation = None
             if incarnation == proc.incarnation:
                 self.store.revoke_lease(registered.lease)
-        if self._procs.get(proc.index) is proc:
-            del self._procs[proc.index]
         log.info(
             "[%s] incarnation %d exited (%s)",
             self._prefix(slot),
@@ -427,7 +567,79 @@ class Agent:
                 proc.popen.wait(timeout=10)
 
 
-def python_script_args(command: Sequence[str]) -> list[str]:
+def _leaving(key: str, value: JsonValue) -> bool:
+    """Whether a member record says its node is leaving (malformed ones count as not)."""
+    try:
+        return MemberRecord.from_json(key, value).leaving
+    except ElasticAllreduceError:
+        return False
+
+
+def check_reachable(rendezvous: str, timeout: float = 5.0) -> None:
+    """ConfigError unless the launcher's rendezvous answers HTTP from this host (any status:
+    a key that does not exist is enough)."""
+    url = base_url(rendezvous) + "/elastic-run/reachable"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - always http://
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"the launcher's rendezvous at {rendezvous} cannot be reached from this host "
+            f"({exc}): start the job with `elastic-run run --host ADDRESS`, ADDRESS being "
+            "one of the launcher machine's addresses that this host can reach"
+        ) from exc
+
+
+def slot_devices(inherited: str | None, nproc: int) -> list[str]:
+    """Each slot's ``CUDA_VISIBLE_DEVICES``: its index within the devices the node was given
+    (an inherited ``CUDA_VISIBLE_DEVICES``, as Slurm or a container runtime sets it), else the
+    index itself. ConfigError when the node was given fewer devices than it runs processes."""
+    if inherited is None:
+        return [str(index) for index in range(nproc)]
+    given = [device.strip() for device in inherited.split(",") if device.strip()]
+    if not given:
+        # An empty CUDA_VISIBLE_DEVICES hides every GPU: keep it so for every slot.
+        return [inherited] * nproc
+    if len(given) < nproc:
+        raise ConfigError(
+            f"this node was given {len(given)} GPUs (CUDA_VISIBLE_DEVICES={inherited}) but runs "
+            f"{nproc} training processes, one GPU each: lower --nproc-per-node or give it more"
+        )
+    return given[:nproc]
+
+
+def check_command(command: Sequence[str], workdir: str | None) -> None:
+    """ConfigError unless the training command can run here: the job's working directory and
+    (relative to it) its script exist on this host."""
+    if workdir is not None and not os.path.isdir(workdir):
+        raise ConfigError(
+            f"the job's working directory {workdir} (where `elastic-run run` was started) does "
+            "not exist on this host: give every host the same directory (a shared or copied "
+            "checkout), or start the job from a directory they all have"
+        )
+    args = python_script_args(command, check_exists=False)
+    if args[0] == "-m":
+        return
+    script = os.path.join(workdir or os.getcwd(), args[0])
+    if not os.path.isfile(script):
+        raise ConfigError(
+            f"training script {script} (from the job's command) does not exist on this host: "
+            "give every host the same path to it (a shared or copied checkout)"
+        )
+
+
+def resolve_command(command: Sequence[str]) -> tuple[str, ...]:
+    """``command`` with its script as an absolute path, so that a node started in another
+    directory, or on another host with the same layout, runs the same file."""
+    args = python_script_args(command)
+    if args[0] != "-m":
+        args[0] = os.path.abspath(args[0])
+    return (*command[: len(command) - len(args)], *args)
+
+
+def python_script_args(command: Sequence[str], *, check_exists: bool = True) -> list[str]:
     """The script (or ``-m module``) and arguments of ``python SCRIPT ARGS`` or ``SCRIPT.py``."""
     args = list(command)
     if args and os.path.basename(args[0]).startswith("python"):
@@ -441,7 +653,7 @@ def python_script_args(command: Sequence[str]) -> list[str]:
             f"cannot run {' '.join(command)!r}: elastic-run runs Python training scripts; "
             "give `-- python SCRIPT.py [ARGS]` or `-- python -m MODULE [ARGS]`"
         )
-    if not os.path.isfile(args[0]):
+    if check_exists and not os.path.isfile(args[0]):
         raise ConfigError(f"training script {args[0]!r} does not exist")
     return args
 

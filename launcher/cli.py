@@ -24,9 +24,9 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import parse_job, read_job
 from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse_endpoints
-from launcher import job_options, security_cli, status_view
+from launcher import job_options, netinfo, security_cli, status_view
 from launcher import zoo as zoo_cli
-from launcher.agent import Agent, AgentSettings, NodeTemplate, python_script_args
+from launcher.agent import Agent, AgentSettings, NodeTemplate, resolve_command
 from launcher.exit_codes import exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
@@ -145,16 +145,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     join.add_argument(
         "--host",
-        default=os.environ.get(env.HOST) or "127.0.0.1",
+        default=os.environ.get(env.HOST),
         metavar="ADDRESS",
-        help=f"the address peers reach this node at (default: ${env.HOST}, else 127.0.0.1)",
+        help=f"the address peers reach this node at, one of this machine's (default: ${env.HOST}, "
+        "else the address this machine reaches etcd from)",
     )
     join.add_argument(
         "--gloo-iface",
         default=os.environ.get(env.GLOO_IFACE),
         metavar="NAME",
-        help=f"network interface for Gloo (default: ${env.GLOO_IFACE}, else lo for a loopback "
-        "--host and eth0 otherwise)",
+        help=f"network interface for Gloo (default: ${env.GLOO_IFACE}, else the interface that "
+        "holds --host)",
     )
 
     scale = commands.add_parser(
@@ -232,6 +233,13 @@ def _add_local_job_flags(parser: argparse.ArgumentParser) -> None:
         "--etcd",
         metavar="HOST:PORT[,...]",
         help="use this etcd instead (https://HOST:PORT for TLS: see the etcd TLS and auth flags)",
+    )
+    parser.add_argument(
+        "--host",
+        metavar="ADDRESS",
+        help="the address of this machine that other hosts reach the launcher (and, without "
+        "--etcd, its private etcd) at; then nodes on other hosts can `elastic-run join` the "
+        "job (default: 127.0.0.1, this machine only; not for --kubernetes)",
     )
     security_cli.add_security_flags(parser)
     job_options.add_job_flags(parser)
@@ -336,6 +344,7 @@ def _run_join(args: argparse.Namespace) -> int:
     store.close()
     nproc = args.nproc_per_node or config.settings.nproc_per_node
     node_id = keys.validate_node_id(args.node_id or f"j{os.getpid()}")
+    host, iface = _node_address(args)
     logging.getLogger().setLevel(logging.INFO)
     # The agent and its training processes open their stores from the environment.
     security_cli.export_security(security_cli.security_from_args(args))
@@ -347,17 +356,36 @@ def _run_join(args: argparse.Namespace) -> int:
             nproc_per_node=nproc,
             command=config.command,
             checkpoint_dir=config.checkpoint_dir,
-            host=args.host,
-            gloo_iface=args.gloo_iface or _default_iface(args.host),
+            workdir=config.workdir,
+            host=host,
+            gloo_iface=iface,
+            lease_ttl=config.settings.lease_ttl,
         )
     )
-    print(f"elastic-run join: node {node_id} joining job {args.job_id}", flush=True)
+    print(
+        f"elastic-run join: node {node_id} joining job {args.job_id} at {host} (Gloo on {iface})",
+        flush=True,
+    )
     return agent.run()
 
 
-def _default_iface(host: str) -> str:
-    """Gloo's interface when none is named: loopback for a loopback host, else eth0 (a pod's)."""
-    return "lo" if host.startswith("127.") or host in ("localhost", "::1") else "eth0"
+def _node_address(args: argparse.Namespace) -> tuple[str, str]:
+    """The address peers reach this node at and Gloo's interface: as given (checked to be this
+    machine's), else the address that routes to etcd and the interface holding it."""
+    if args.host:
+        host = netinfo.check_local_address(args.host)
+    else:
+        etcd = parse_endpoints(args.etcd)[0]
+        host = netinfo.source_address(etcd.host, etcd.port)
+    netinfo.check_host_name(host)
+    if args.gloo_iface:
+        return host, netinfo.check_interface(args.gloo_iface)
+    iface = netinfo.interface_of(host)
+    if iface is None:
+        raise ConfigError(
+            f"no network interface of this machine holds {host}: pass --gloo-iface NAME"
+        )
+    return host, iface
 
 
 def _run_scale(args: argparse.Namespace) -> int:
@@ -458,8 +486,15 @@ def _run_job(args: argparse.Namespace) -> int:
                 "--kubernetes needs an etcd that worker pods can reach: pass --etcd HOST:PORT "
                 f"or set {env.ETCD_ENDPOINTS} (k8s/ deploys one)"
             )
+        if args.host:
+            raise ConfigError(
+                "--host is for jobs started here: with --kubernetes, worker pods reach the "
+                f"launcher at its pod IP (${env.POD_IP})"
+            )
+        host, workdir = "127.0.0.1", None
     else:
-        python_script_args(command)
+        host = netinfo.check_local_address(args.host) if args.host else "127.0.0.1"
+        command, workdir = resolve_command(command), os.getcwd()
     logging.getLogger().setLevel(logging.INFO)
     settings = job_options.job_settings(options)
     observing = observer_settings(args, job_id)
@@ -473,7 +508,7 @@ def _run_job(args: argparse.Namespace) -> int:
         if etcd is None:
             _refuse_security_flags(args)
             security_cli.export_security(EtcdSecurity())  # zero configuration: loopback, plain
-            server = stack.enter_context(EmbeddedEtcd(fast=False))
+            server = stack.enter_context(EmbeddedEtcd(host=host, fast=False))
             etcd = server.endpoints_text
         else:
             # The launcher, its agents and their training processes read it from the environment.
@@ -481,6 +516,12 @@ def _run_job(args: argparse.Namespace) -> int:
             security_cli.export_security(security)
             EtcdStore(etcd, job_id, security=security).check()
         print(f"elastic-run: job {job_id} on etcd {etcd}", flush=True)
+        if not netinfo.is_loopback(host):
+            print(
+                f"elastic-run: other hosts join with: elastic-run join --etcd {etcd} "
+                f"--job-id {job_id}",
+                flush=True,
+            )
         template = NodeTemplate(
             etcd=etcd,
             job_id=job_id,
@@ -489,6 +530,10 @@ def _run_job(args: argparse.Namespace) -> int:
             checkpoint_dir=(
                 os.path.abspath(options.checkpoint_dir) if options.checkpoint_dir else None
             ),
+            workdir=workdir,
+            host=host,
+            gloo_iface=netinfo.interface_of(host) or "lo",
+            lease_ttl=settings.lease_ttl,
         )
         observer = JobObserver(job_id, settings, observing)
         print(f"elastic-run: events in {observing.events_file}", flush=True)
@@ -496,7 +541,7 @@ def _run_job(args: argparse.Namespace) -> int:
             launch = LaunchSettings(options.workers, settings, template, kube_mode.pod_ip)
             result = run_in_kubernetes(launch, kube_mode, observer)
         else:
-            launch = LaunchSettings(options.workers, settings, template)
+            launch = LaunchSettings(options.workers, settings, template, host)
             result = Launcher(launch, LocalProvisioner(template), observer=observer).run()
     print(
         f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "

@@ -31,9 +31,12 @@ DEFAULT_GPUS_PER_NODE: Final = 0
 DEFAULT_MAX_RESTARTS: Final = 3
 DEFAULT_WAIT_TIMEOUT: Final = 60.0
 DEFAULT_HANG_TIMEOUT: Final = 300.0
-#: The shortest --hang-timeout: longer than the process lease TTL (3 s) and the stuck-member
-#: timeout (5 s), so that dead, stopped and stuck processes are handled by those first.
+#: The shortest --hang-timeout: longer than the default lease TTL and stuck timeout, so that
+#: dead, stopped and stuck processes are handled by those first.
 MIN_HANG_TIMEOUT: Final = 10.0
+DEFAULT_LEASE_TTL: Final = 3
+DEFAULT_STUCK_TIMEOUT: Final = 5.0
+DEFAULT_RESIZE_TIMEOUT: Final = 60.0
 
 #: Title of the argument group of the job flags in every command's --help.
 GROUP_TITLE: Final = "job options"
@@ -57,6 +60,12 @@ class JobOptions:
     checkpoint_dir: str | None
     #: Seconds without progress before the hang watchdog acts; 0: no watchdog.
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
+    #: TTL of every lease (nodes, training processes, the launcher), in whole seconds.
+    lease_ttl: int = DEFAULT_LEASE_TTL
+    #: Seconds a member of a failed epoch may stay silent before it is killed and replaced.
+    stuck_timeout: float = DEFAULT_STUCK_TIMEOUT
+    #: Seconds the members of a resize epoch have to reach their next commit.
+    resize_timeout: float = DEFAULT_RESIZE_TIMEOUT
 
 
 def new_job_id() -> str:
@@ -81,7 +90,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_WORKERS,
         metavar="N",
-        help=f"worker nodes to start with (default {DEFAULT_WORKERS})",
+        help=f"worker nodes to start with (default {DEFAULT_WORKERS}); 0: start none, train "
+        "with the nodes that `elastic-run join` the job from other hosts",
     )
     group.add_argument(
         "--min-workers",
@@ -91,7 +101,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help=f"fewest worker nodes to train with (default {DEFAULT_MIN_WORKERS})",
     )
     group.add_argument(
-        "--max-workers", type=int, metavar="N", help="most worker nodes (default --workers)"
+        "--max-workers",
+        type=int,
+        metavar="N",
+        help="most worker nodes (default: --workers, or --min-workers if that is more); a "
+        "`join` beyond it is refused",
     )
     group.add_argument(
         "--nproc-per-node",
@@ -135,6 +149,33 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         f"no watchdog (default {_number(DEFAULT_HANG_TIMEOUT)})",
     )
     group.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=DEFAULT_LEASE_TTL,
+        metavar="S",
+        help="TTL of the etcd leases of nodes, training processes and the launcher: a dead or "
+        "cut-off one is noticed this many seconds after its last renewal, and a node cut off "
+        "from etcd this long stops its training processes (default "
+        f"{DEFAULT_LEASE_TTL}; must be below --stuck-timeout)",
+    )
+    group.add_argument(
+        "--stuck-timeout",
+        type=float,
+        default=DEFAULT_STUCK_TIMEOUT,
+        metavar="S",
+        help="seconds a rank may stay silent after a failure before it is killed and replaced "
+        f"(default {_number(DEFAULT_STUCK_TIMEOUT)}; must be below --resize-timeout)",
+    )
+    group.add_argument(
+        "--resize-timeout",
+        type=float,
+        default=DEFAULT_RESIZE_TIMEOUT,
+        metavar="S",
+        help="seconds the ranks of a grown or shrunk ring have to reach their next commit "
+        "before it is treated as a failure (default "
+        f"{_number(DEFAULT_RESIZE_TIMEOUT)})",
+    )
+    group.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
         help="where elastic_allreduce.State writes periodic checkpoints (the job resumes from "
@@ -174,6 +215,9 @@ def job_options(
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     checkpoint_dir: str | None = None,
     hang_timeout: float = DEFAULT_HANG_TIMEOUT,
+    lease_ttl: int = DEFAULT_LEASE_TTL,
+    stuck_timeout: float = DEFAULT_STUCK_TIMEOUT,
+    resize_timeout: float = DEFAULT_RESIZE_TIMEOUT,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -182,13 +226,16 @@ def job_options(
             job_id=new_job_id() if job_id is None else job_id,
             workers=workers,
             min_workers=min_workers,
-            max_workers=workers if max_workers is None else max_workers,
+            max_workers=max(workers, min_workers) if max_workers is None else max_workers,
             nproc_per_node=max(1, gpus_per_node) if nproc_per_node is None else nproc_per_node,
             gpus_per_node=gpus_per_node,
             max_restarts=max_restarts,
             wait_timeout=float(wait_timeout),
             checkpoint_dir=checkpoint_dir,
             hang_timeout=float(hang_timeout),
+            lease_ttl=lease_ttl,
+            stuck_timeout=float(stuck_timeout),
+            resize_timeout=float(resize_timeout),
         )
     )
 
@@ -208,6 +255,9 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         wait_timeout=args.wait_timeout,
         checkpoint_dir=args.checkpoint_dir,
         hang_timeout=args.hang_timeout,
+        lease_ttl=args.lease_ttl,
+        stuck_timeout=args.stuck_timeout,
+        resize_timeout=args.resize_timeout,
     )
 
 
@@ -215,12 +265,16 @@ def validate(options: JobOptions) -> JobOptions:
     """Return ``options`` if the job can run with them, else raise a ConfigError naming the
     flag, the value given and what is allowed."""
     low, start, high = options.min_workers, options.workers, options.max_workers
-    if start < 1 or low < 1:
-        raise ConfigError(f"--workers ({start}) and --min-workers ({low}) must be at least 1")
-    if not low <= start <= high:
+    if start < 0 or low < 1:
+        raise ConfigError(
+            f"--workers ({start}) must be 0 or more and --min-workers ({low}) at least 1"
+        )
+    if start and not low <= start <= high:
         raise ConfigError(
             f"need --min-workers <= --workers <= --max-workers, got {low} <= {start} <= {high}"
         )
+    if not low <= high:
+        raise ConfigError(f"need --min-workers <= --max-workers, got {low} <= {high}")
     if options.gpus_per_node < 0:
         raise ConfigError(f"--gpus-per-node must be 0 or more, got {options.gpus_per_node}")
     if options.nproc_per_node < 1:
@@ -237,18 +291,39 @@ def validate(options: JobOptions) -> JobOptions:
         raise ConfigError(
             f"--wait-timeout must be a positive number of seconds, got {options.wait_timeout}"
         )
-    hang = options.hang_timeout
-    if not (math.isfinite(hang) and (hang == 0 or hang >= MIN_HANG_TIMEOUT)):
-        raise ConfigError(
-            f"--hang-timeout must be 0 (no watchdog) or at least {_number(MIN_HANG_TIMEOUT)} "
-            f"seconds (longer than the lease and stuck-process timeouts), got {hang}"
-        )
+    _validate_timeouts(options)
     if options.checkpoint_dir is not None and not options.checkpoint_dir.strip():
         raise ConfigError("--checkpoint-dir is empty: give a directory, or leave the flag out")
     if not options.command:
         raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
     validate_job_id(options.job_id)
     return options
+
+
+def _validate_timeouts(options: JobOptions) -> None:
+    """The timeouts must be in this order: lease TTL < stuck timeout < resize timeout, and the
+    hang timeout (unless 0) above the stuck timeout; each one handles what the shorter ones
+    before it could not."""
+    ttl, stuck, resize = options.lease_ttl, options.stuck_timeout, options.resize_timeout
+    if ttl < 1:
+        raise ConfigError(f"--lease-ttl must be at least 1 second, got {ttl}")
+    if not (math.isfinite(stuck) and stuck > ttl):
+        raise ConfigError(
+            f"--stuck-timeout ({_number(stuck)} s) must be longer than --lease-ttl ({ttl} s): "
+            "a dead process is noticed by its lease before a silent one is called stuck"
+        )
+    if not (math.isfinite(resize) and resize > stuck):
+        raise ConfigError(
+            f"--resize-timeout ({_number(resize)} s) must be longer than --stuck-timeout "
+            f"({_number(stuck)} s)"
+        )
+    hang = options.hang_timeout
+    if not (math.isfinite(hang) and (hang == 0 or hang >= max(MIN_HANG_TIMEOUT, stuck))):
+        raise ConfigError(
+            f"--hang-timeout must be 0 (no watchdog) or at least "
+            f"{_number(max(MIN_HANG_TIMEOUT, stuck))} seconds (and no shorter than the lease "
+            f"and stuck-process timeouts), got {_number(hang)}"
+        )
 
 
 def job_settings(options: JobOptions) -> JobSettings:
@@ -260,6 +335,9 @@ def job_settings(options: JobOptions) -> JobSettings:
         max_restarts=options.max_restarts,
         wait_timeout=options.wait_timeout,
         hang_timeout=options.hang_timeout,
+        lease_ttl=options.lease_ttl,
+        stuck_timeout=options.stuck_timeout,
+        resize_timeout=options.resize_timeout,
     )
 
 
@@ -286,6 +364,12 @@ def to_args(options: JobOptions) -> list[str]:
         _number(options.wait_timeout),
         "--hang-timeout",
         _number(options.hang_timeout),
+        "--lease-ttl",
+        str(options.lease_ttl),
+        "--stuck-timeout",
+        _number(options.stuck_timeout),
+        "--resize-timeout",
+        _number(options.resize_timeout),
     ]
     if options.checkpoint_dir is not None:
         args += ["--checkpoint-dir", options.checkpoint_dir]

@@ -97,7 +97,6 @@ class LaunchSettings:
     nodes: NodeTemplate
     #: The address workers reach this launcher's rendezvous at (a pod's IP on Kubernetes).
     rendezvous_host: str = "127.0.0.1"
-    lease_ttl: int = 3
 
     @property
     def etcd(self) -> str:
@@ -163,7 +162,7 @@ class Launcher:
         Once this launcher owns the job, however it stops, ``status/job`` says so: an
         interrupt fails the job with that reason, and an error is recorded before it is raised.
         """
-        lease = self.store.grant_lease(self.settings.lease_ttl)
+        lease = self.store.grant_lease(self.settings.job.lease_ttl)
         try:
             self._become_leader(lease)
             self._write_config()
@@ -251,9 +250,8 @@ class Launcher:
                 "launcher that is gone; taking over a job is not supported yet: choose a new "
                 "--job-id (the old keys stay for inspection with `elastic-run keys`)"
             )
-        config = JobConfig(
-            self.settings.job, self.settings.nodes.command, self.settings.nodes.checkpoint_dir
-        )
+        nodes = self.settings.nodes
+        config = JobConfig(self.settings.job, nodes.command, nodes.checkpoint_dir, nodes.workdir)
         self.store.put(keys.JOB_CONFIG, config.to_json())
 
     def _loop(self, policy: RingPolicy) -> JobResult:

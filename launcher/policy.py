@@ -214,6 +214,11 @@ class PolicyError(ElasticAllreduceError):
     """The policy was asked to do something its rules forbid (a bug in its caller or in it)."""
 
 
+#: Seconds beyond the lease TTL that a slot's lost lease waits for its node's lease to go too
+#: (leases granted at different moments expire up to one keep-alive interval apart).
+LOST_LEASE_GRACE: Final = 1.0
+
+
 # -- nodes --------------------------------------------------------------------------------------
 
 
@@ -242,7 +247,9 @@ class NodeState(enum.Enum):
 
 #: The moves a node may make; any other is a bug and raises PolicyError. A LOST or LEAVING node
 #: whose member key comes back live (its id reused by ``elastic-run join``) counts as live again,
-#: so it may still leave or be stopped; STOPPING and DISRUPTED are final.
+#: so it may still leave or be stopped; a LOST node that joined by itself and registers again
+#: (its agent was cut off from etcd, fenced itself and came back) is REGISTERED again;
+#: STOPPING and DISRUPTED are final.
 NODE_TRANSITIONS: Final[Mapping[NodeState, frozenset[NodeState]]] = MappingProxyType(
     {
         NodeState.UNKNOWN: frozenset(
@@ -258,7 +265,9 @@ NODE_TRANSITIONS: Final[Mapping[NodeState, frozenset[NodeState]]] = MappingProxy
             {NodeState.LEAVING, NodeState.STOPPING, NodeState.LOST, NodeState.DISRUPTED}
         ),
         NodeState.LEAVING: frozenset({NodeState.STOPPING, NodeState.DISRUPTED}),
-        NodeState.LOST: frozenset({NodeState.LEAVING, NodeState.STOPPING, NodeState.DISRUPTED}),
+        NodeState.LOST: frozenset(
+            {NodeState.REGISTERED, NodeState.LEAVING, NodeState.STOPPING, NodeState.DISRUPTED}
+        ),
         NodeState.STOPPING: frozenset(),
         NodeState.DISRUPTED: frozenset(),
     }
@@ -397,6 +406,13 @@ class RingPolicy:
         self.finishing: dict[str, int] = {}
         #: Slots of the last epoch that ran: they hold the committed state (after its sync).
         self.holders: set[str] = set()
+        #: Nodes that joined by themselves (``elastic-run join``): lost, they are not replaced
+        #: (nothing here can start them) but rejoin when they can (see _track_nodes).
+        self.joined: set[str] = set()
+        #: Slots whose lease was lost with no exit report while their node was still a
+        #: member: (incarnation, when, what happened). Charged to the budget only if the node
+        #: stays a member for LOST_LEASE_GRACE beyond the lease TTL (see _settle_lost_leases).
+        self.lost_pending: dict[str, tuple[int, float, str]] = {}
 
     @property
     def target_workers(self) -> int:
@@ -465,7 +481,7 @@ class RingPolicy:
             if (slot, incarnation) in self.handled_exits:
                 continue
             self.handled_exits.add((slot, incarnation))
-            node, index = split_slot(slot)
+            node, _ = split_slot(slot)
             member = view.members.get(node)
             if self.finishing.get(slot) == incarnation:
                 # The script had ended well: a slow interpreter exit, not a hang.
@@ -479,9 +495,36 @@ class RingPolicy:
                 decisions.append(
                     MembershipChange(ChangeKind.CRASHED, self.ring.epoch, (slot,), problem)
                 )
+            decisions.append(Log(problem))
+            if member is not None and not member.leaving and self.phase is Phase.RUNNING:
+                # A node cut off from etcd loses every lease, its own a moment later: wait to
+                # see which, so that a network failure is not charged as crashes.
+                self.lost_pending[slot] = (incarnation, view.now, problem)
+        for slot, proc in view.procs.items():
+            self.incarnations[slot] = proc.incarnation
+        return decisions + self._settle_lost_leases(view)
+
+    def _settle_lost_leases(self, view: JobView) -> list[Decision]:
+        """Decide the pending lost leases: free when the slot's node was lost as well (a
+        partition or a dead node: the node rejoins, or is replaced, as a whole); a restart
+        from the budget once the node has stayed a member past the lease TTL and
+        LOST_LEASE_GRACE (the process hung, or only it was cut off)."""
+        decisions: list[Decision] = []
+        settle_after = self.settings.lease_ttl + LOST_LEASE_GRACE
+        for slot, (incarnation, since, problem) in list(self.lost_pending.items()):
+            node, index = split_slot(slot)
+            member = view.members.get(node)
             if member is None or member.leaving or self.phase is not Phase.RUNNING:
-                decisions.append(Log(problem))
-            elif self.budget.try_spend():
+                del self.lost_pending[slot]
+                if member is None:
+                    decisions.append(
+                        Log(f"slot {slot}: its node {node} was lost too; no restart charged")
+                    )
+                continue
+            if view.now - since <= settle_after:
+                continue
+            del self.lost_pending[slot]
+            if self.budget.try_spend():
                 decisions += [
                     Log(f"{problem}; replacing it (restart {self.budget.used})"),
                     self._set_slot(member, index, incarnation + 1),
@@ -493,8 +536,6 @@ class RingPolicy:
                     Log(f"{problem}; no restarts left, dropping the slot"),
                     self._set_slot(member, index, None),
                 ]
-        for slot, proc in view.procs.items():
-            self.incarnations[slot] = proc.incarnation
         return decisions
 
     # -- nodes ---------------------------------------------------------------------------------
@@ -509,6 +550,7 @@ class RingPolicy:
             n
             for n in view.members
             if self.nodes.state(n) in (NodeState.UNKNOWN, NodeState.TIMED_OUT)
+            or (n in self.joined and self.nodes.state(n) is NodeState.LOST)
         )
         if view.scale_target is not None and view.scale_target != self.scale_request:
             self.scale_request = view.scale_target
@@ -582,16 +624,24 @@ class RingPolicy:
             decisions.append(Log(f"node {member.node} is leaving gracefully"))
         return decisions
 
-    def _track_nodes(self, view: JobView, arrivals: list[str]) -> list[Decision]:
-        """Note registered, late and lost nodes (a lost node is replaced while restarts last)."""
+    def _on_arrivals(self, view: JobView, arrivals: list[str]) -> list[Decision]:
+        """Nodes that registered by themselves, or came back after they were lost."""
         decisions: list[Decision] = []
         for node in arrivals:
             # Not started by us: `elastic-run join` asks for one more node, within the maximum.
+            back = node in self.joined
+            self.joined.add(node)
             if self.target_workers < self.settings.max_workers:
-                self._set_target(self.target_workers + 1, f"node {node} joined by itself")
-                decisions.append(
-                    Log(f"node {node} joined by itself; the job now wants {self.target_workers}")
-                )
+                how = "is back" if back else "joined by itself"
+                self._set_target(self.target_workers + 1, f"node {node} {how}")
+                decisions.append(Log(f"node {node} {how}; the job now wants {self.target_workers}"))
+            if back:
+                self.nodes.move(node, NodeState.REGISTERED, view.now)
+        return decisions
+
+    def _track_nodes(self, view: JobView, arrivals: list[str]) -> list[Decision]:
+        """Note registered, late and lost nodes (a lost node is replaced while restarts last)."""
+        decisions = self._on_arrivals(view, arrivals)
         for node in view.members:
             if self.nodes.state(node) in _UNREGISTERED:
                 self.nodes.move(node, NodeState.REGISTERED, view.now)
@@ -607,7 +657,13 @@ class RingPolicy:
             self.nodes.move(node, NodeState.LOST, view.now)
             if self.phase is not Phase.RUNNING:
                 continue
-            if self.budget.try_spend():
+            if node in self.joined:
+                # Nothing here can start it again; its agent rejoins when it reaches etcd.
+                self._set_target(self.target_workers - 1, f"node {node} was lost")
+                decisions.append(
+                    Log(f"node {node} was lost (dead or cut off); it rejoins by itself if it can")
+                )
+            elif self.budget.try_spend():
                 decisions.append(Log(f"node {node} was lost; starting a replacement"))
             else:
                 self._set_target(

@@ -226,7 +226,9 @@ def test_crashes_hangs_and_lost_nodes_spend_one_shared_budget() -> None:
     assert isinstance(policy, RingPolicy) and policy.budget.limit == 3
     world.kill("n0.0", code=1, signal=None)
     assert any("restarting it (1/3)" in m for m in logs(step(policy, world)))
-    del world.procs["n1.0"]  # a hang: its lease expired without an exit report
+    del world.procs["n1.0"]  # a hang: its lease expired without an exit report ...
+    step(policy, world)
+    world.now += policy.settings.lease_ttl + 1.5  # ... and its node is still a member
     assert any("replacing it (restart 2)" in m for m in logs(step(policy, world)))
     view = replace(world.view(), disrupted_nodes={"n2": "pod preempted"})
     assert "node n2 was lost: pod preempted; starting a replacement" in logs(policy.step(view))

@@ -206,12 +206,58 @@ def test_a_graceful_leave_is_a_resize_and_the_leaver_is_told_it_is_removed() -> 
     assert (released["n0.0"].rank, released["n1.0"].rank) == (0, 1)
 
 
-def test_a_lost_lease_replaces_the_hung_process_while_restarts_last() -> None:
-    policy, world, _ = started_job(max_restarts=1)
+def test_a_lost_lease_replaces_the_hung_process_once_its_node_outlives_the_ttl() -> None:
+    policy, world, _ = started_job(max_restarts=1, lease_ttl=3)
     del world.procs["n1.0"]  # lease expired: no exit record
     decisions = step(policy, world)
     assert any("slot n1.0 lost its lease" in d.message for d in of(Log, decisions))
+    # The ring moves on at once; the restart waits to see whether the node goes too.
+    assert [r.ring.slots for r in of(WriteRing, decisions)][-1] == ("n0.0", "n2.0")
+    assert of(SetDirective, decisions) == []
+    world.now = 3.9
+    assert of(SetDirective, step(policy, world)) == []
+    world.now = 4.1
+    decisions = step(policy, world)
     assert SetDirective("n1", ((0, 2),)) in decisions
+    assert policy.restarts_used == 1
+
+
+def test_a_node_cut_off_from_etcd_costs_no_restart() -> None:
+    """Its processes' leases and its own expire a moment apart: a network failure, not crashes;
+    a node that joined by itself is not replaced, and is taken back when it registers again."""
+    policy, world, _ = started_job(count=2, max_restarts=0, lease_ttl=3)
+    slot = world.add_node("j1")  # `elastic-run join` on another host
+    decisions = step(policy, world)
+    assert any("node j1 joined by itself" in d.message for d in of(Log, decisions))
+    world.waiting.update({s: WaitKind.RESET for s in ("n0.0", "n1.0")})
+    step(policy, world)
+    assert policy.ring is not None and slot in policy.ring.slots
+    assert policy.target_workers == 3
+    del world.procs[slot]  # the process's lease expires first ...
+    world.now = 1.0
+    step(policy, world)
+    del world.members["j1"]  # ... then the node's
+    world.now = 1.5
+    decisions = step(policy, world)
+    assert any(
+        "its node j1 was lost too; no restart charged" in d.message for d in of(Log, decisions)
+    )
+    assert any("node j1 was lost (dead or cut off)" in d.message for d in of(Log, decisions))
+    assert of(StartNodes, decisions) == []  # nothing here can start it
+    assert policy.target_workers == 2
+    world.waiting.update({s: WaitKind.RESET for s in ("n0.0", "n1.0")})  # the survivors re-form
+    step(policy, world)
+    assert policy.ring.slots == ("n0.0", "n1.0")
+    world.now = 10.0
+    assert of(SetDirective, step(policy, world)) == []
+    assert policy.restarts_used == 0 and policy.failure is None
+    # The link comes back: the agent registers again with a new process.
+    world.add_node("j1", incarnation=2)
+    decisions = step(policy, world)
+    assert any("node j1 is back" in d.message for d in of(Log, decisions))
+    assert policy.target_workers == 3
+    assert of(StopNode, decisions) == []
+    assert policy.node_state("j1").value == "registered"
 
 
 def test_a_member_stuck_in_a_failed_collective_is_replaced() -> None:

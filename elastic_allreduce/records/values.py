@@ -187,6 +187,9 @@ class JobSettings:
     resize_timeout: float = 60.0
     #: Seconds the running ring may make no progress before the hang watchdog acts (0: off).
     hang_timeout: float = 300.0
+    #: TTL in seconds of every lease (agents, training processes, the launcher): how long a
+    #: dead or cut-off node or process stays a member.
+    lease_ttl: int = 3
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -199,6 +202,7 @@ class JobSettings:
             "stuck_timeout": self.stuck_timeout,
             "resize_timeout": self.resize_timeout,
             "hang_timeout": self.hang_timeout,
+            "lease_ttl": self.lease_ttl,
         }
 
     @classmethod
@@ -214,6 +218,7 @@ class JobSettings:
             stuck_timeout=fields.number("stuck_timeout", 5.0),
             resize_timeout=fields.number("resize_timeout", 60.0),
             hang_timeout=fields.number("hang_timeout", 300.0),
+            lease_ttl=fields.opt_integer("lease_ttl", minimum=1) or 3,
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(
@@ -225,17 +230,20 @@ class JobSettings:
 
 @dataclass(frozen=True)
 class JobConfig:
-    """``config/job``: the job's settings, its training command and checkpoint directory."""
+    """``config/job``: the job's settings, its training command, checkpoint directory and the
+    working directory its training processes run in (None: the agent's own)."""
 
     settings: JobSettings
     command: tuple[str, ...]
     checkpoint_dir: str | None = None
+    workdir: str | None = None
 
     def to_json(self) -> JsonValue:
         return {
             **self.settings.to_json(),
             "command": list(self.command),
             "checkpoint_dir": self.checkpoint_dir,
+            "workdir": self.workdir,
         }
 
     @classmethod
@@ -244,7 +252,12 @@ class JobConfig:
         command = fields.strings("command")
         if not command:
             raise MalformedValueError(key, "the job configuration has an empty command")
-        return cls(JobSettings.from_json(key, value), command, fields.opt_text("checkpoint_dir"))
+        return cls(
+            JobSettings.from_json(key, value),
+            command,
+            fields.opt_text("checkpoint_dir"),
+            fields.opt_text("workdir"),
+        )
 
 
 @dataclass(frozen=True)

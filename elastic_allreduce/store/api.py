@@ -46,6 +46,7 @@ import abc
 import enum
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -166,11 +167,21 @@ class Lease(abc.ABC):
 
     def __init__(self) -> None:
         self._lost = threading.Event()
+        #: ``time.monotonic()`` when the request of the last renewal the server granted (or of
+        #: the grant) was sent: the server's TTL ran from a moment after it.
+        self.renewed_at = time.monotonic()
 
     @property
     def lost(self) -> bool:
         """True once the server reported the lease gone (expired or revoked)."""
         return self._lost.is_set()
+
+    @property
+    def safe_until(self) -> float:
+        """``time.monotonic()`` until which the lease surely still exists on the server (the
+        last granted renewal's TTL, counted from before it was sent): after it, a holder cut
+        off from the server cannot know whether its keys are gone and the others moved on."""
+        return self.renewed_at + self.ttl
 
     def wait_lost(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds for the lease to be lost; return whether it was."""

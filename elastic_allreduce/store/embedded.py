@@ -64,16 +64,20 @@ def find_etcd_binary() -> str:
     )
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the caller retries if it is taken meanwhile)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 def port_is_free(host: str, port: int) -> bool:
     """Whether a TCP port can be listened on now (as etcd does, with SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
@@ -145,8 +149,9 @@ class EmbeddedEtcd:
 
     def _command(self) -> list[str]:
         scheme = "https" if self.tls is not None else "http"
-        client_url = f"{scheme}://{self.host}:{self.client_port}"
-        peer_url = f"http://{self.host}:{self.peer_port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        client_url = f"{scheme}://{host}:{self.client_port}"
+        peer_url = f"http://{host}:{self.peer_port}"
         command = [
             self.binary,
             "--name=default",
@@ -165,7 +170,7 @@ class EmbeddedEtcd:
             command += [
                 f"--cert-file={self.tls.cert}",
                 f"--key-file={self.tls.key}",
-                f"--listen-metrics-urls=http://{self.host}:{self.metrics_port}",
+                f"--listen-metrics-urls=http://{host}:{self.metrics_port}",
             ]
             if self.tls.trusted_ca is not None:
                 command += ["--client-cert-auth", f"--trusted-ca-file={self.tls.trusted_ca}"]
@@ -197,7 +202,7 @@ class EmbeddedEtcd:
 
     def _health_url(self) -> str:
         if self.tls is not None:
-            return f"http://{self.host}:{self.metrics_port}/health"
+            return f"http://{Endpoint(self.host, self.metrics_port)}/health"
         return f"http://{self.endpoint}/health"
 
     def _spawn_and_wait(self, timeout: float) -> None:

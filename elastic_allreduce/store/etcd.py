@@ -574,10 +574,12 @@ class EtcdStore(Store):
     def grant_lease(self, ttl: int, *, on_lost: Callable[[Lease], None] | None = None) -> Lease:
         if ttl < 1:
             raise ConfigError(f"lease TTL must be at least 1 second, got {ttl}")
+        asked_at = time.monotonic()
         reply = self._transport.call("lease/grant", {"TTL": str(ttl), "ID": "0"})
         if reply.get("error"):
             raise StoreError(f"{self.describe()} refused a lease of {ttl} s: {reply['error']}")
         lease = _EtcdLease(self, int(reply["ID"]), _int(reply, "TTL"), on_lost)
+        lease.renewed_at = asked_at
         self._adopt(lease)
         lease.start()
         return lease
@@ -668,6 +670,7 @@ class _EtcdLease(Lease):
         retry = min(interval, 0.25)
         wait = interval
         while not self._stop.wait(wait):
+            asked_at = time.monotonic()
             try:
                 reply = self._store.transport.call("lease/keepalive", {"ID": str(self.id)})
             except StoreError as exc:
@@ -680,6 +683,7 @@ class _EtcdLease(Lease):
             if _int(reply.get("result", {}), "TTL") <= 0:
                 self._mark_lost("the server reports it expired")
                 return
+            self.renewed_at = asked_at
             wait = interval
 
     def _mark_lost(self, why: str) -> None:

@@ -234,7 +234,12 @@ def test_a_script_that_always_crashes_fails_after_max_restarts(
             ("--workers", "3", "--min-workers", "4"),
             "need --min-workers <= --workers <= --max-workers",
         ),
-        (("--workers", "0"), "must be at least 1"),
+        (("--workers", "-1"), "must be 0 or more"),
+        (("--lease-ttl", "0"), "--lease-ttl must be at least 1 second, got 0"),
+        (
+            ("--stuck-timeout", "2", "--lease-ttl", "3"),
+            "--stuck-timeout (2 s) must be longer than --lease-ttl (3 s)",
+        ),
         (("--etcd", "127.0.0.1:1", "--", "python", HVD_SCRIPT), "is unreachable"),
         (("--workers", "1"), "no training command"),
         (("--", "python", "missing.py"), "training script 'missing.py' does not exist"),

@@ -282,7 +282,10 @@ def test_render_without_a_job_id_makes_one_and_says_so(capsys: pytest.CaptureFix
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--workers", "0"], "--workers (0) and --min-workers (1) must be at least 1"),
+        (["--workers", "-1"], "--workers (-1) must be 0 or more and --min-workers (1) at least 1"),
+        (["--lease-ttl", "5"], "--stuck-timeout (5 s) must be longer than --lease-ttl (5 s)"),
+        (["--stuck-timeout", "60"], "--resize-timeout (60 s) must be longer than --stuck-timeout"),
+        (["--hang-timeout", "5"], "--hang-timeout must be 0 (no watchdog) or at least 10"),
         (["--min-workers", "3"], "need --min-workers <= --workers <= --max-workers"),
         (["--workers", "5", "--max-workers", "4"], "got 1 <= 5 <= 4"),
         (["--gpus-per-node", "1", "--nproc-per-node", "2"], "--nproc-per-node 2 needs"),

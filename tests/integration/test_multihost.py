@@ -1,0 +1,291 @@
+"""One job over several hosts (issue #11): a launcher host and worker hosts that join with a bare
+`elastic-run join`, a crash, a host cut off from the network and back, and bad input.
+
+The hosts are network namespaces on one bridge (tests/helpers/testhosts.py), each with its own
+address and an interface not named eth0. The test process itself stays outside them: it reads
+the processes' output and looks at their processes, never at etcd directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from elastic_allreduce import logprefix
+from tests.conftest import ROOT, fresh_job_id
+from tests.helpers import testhosts
+from tests.helpers.testhosts import Host, TestHosts
+from tests.integration.conftest import MakeTestHosts, assert_no_processes_left
+from tests.integration.harness import EA_SCRIPT, ELASTIC_RUN
+
+pytestmark = pytest.mark.slow
+
+TTL = 3
+
+
+@dataclass
+class Output:
+    """The lines of every process of the job, each one's JSON events with their arrival time."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    events: list[tuple[float, str, dict[str, object]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    changed: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+
+    def read(self, who: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            parsed = logprefix.parse_line(line)
+            data = None
+            if parsed is not None and parsed.text.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    data = json.loads(parsed.text)
+            with self.changed:
+                self.lines.append((who, line))
+                if isinstance(data, dict) and parsed is not None:
+                    self.events.append((time.monotonic(), parsed.slot, data))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out waiting for {what}; output:\n{self.tail()}")
+                self.changed.wait(min(remaining, 0.5))
+
+    def commits(self, size: int, after: float = 0.0) -> list[tuple[float, str, dict[str, object]]]:
+        return [
+            e
+            for e in self.events
+            if e[0] > after and e[2].get("event") == "commit" and e[2].get("size") == size
+        ]
+
+    def text(self, who: str | None = None) -> str:
+        return "\n".join(line for w, line in self.lines if who is None or w == who)
+
+    def tail(self, count: int = 120) -> str:
+        return "\n".join(f"[{w}] {line}" for w, line in self.lines[-count:])
+
+
+def start(host: Host, who: str, argv: list[str], output: Output) -> subprocess.Popen[str]:
+    proc: subprocess.Popen[str] = host.popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    threading.Thread(target=output.read, args=(who, proc), daemon=True).start()
+    return proc
+
+
+def training_pids(host: Host) -> list[int]:
+    """The training processes (``elastic_allreduce.bootstrap``) running on ``host``."""
+    found = []
+    for pid in host.pids():
+        with contextlib.suppress(OSError):
+            if b"elastic_allreduce.bootstrap" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def launch(
+    hosts: TestHosts, output: Output, flags: tuple[str, ...] = (), script_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[str], str, str]:
+    """`elastic-run run --host H0 --workers 0` on the first host; it, its etcd and job id."""
+    job_id = fresh_job_id("mh")
+    launcher = start(
+        hosts[0],
+        "launcher",
+        [
+            ELASTIC_RUN,
+            "run",
+            "--host",
+            hosts[0].ipv4,
+            "--workers",
+            "0",
+            "--job-id",
+            job_id,
+            "--lease-ttl",
+            str(TTL),
+            *flags,
+            "--",
+            "python",
+            EA_SCRIPT,
+            *script_args,
+        ],
+        output,
+    )
+    pattern = re.compile(r"other hosts join with: elastic-run join --etcd (\S+) --job-id (\S+)")
+    found: list[str] = []
+
+    def printed() -> bool:
+        match = pattern.search(output.text("launcher"))
+        if match:
+            found[:] = [match.group(1), match.group(2)]
+        return bool(match)
+
+    output.wait_for("the launcher's join line", printed, 60)
+    assert found[1] == job_id
+    return launcher, found[0], job_id
+
+
+@pytest.mark.timeout(480)
+def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
+    test_hosts: MakeTestHosts,
+) -> None:
+    hosts = test_hosts(4)
+    output = Output()
+    launcher, etcd, job_id = launch(
+        hosts,
+        output,
+        ("--min-workers", "2", "--max-workers", "3", "--max-restarts", "1"),
+        ("--steps", "1400", "--step-delay", "0.03"),
+    )
+    assert etcd.startswith(hosts[0].ipv4 + ":")
+    joins = {
+        host.name: start(
+            host, host.name, [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id], output
+        )
+        for host in list(hosts)[1:]
+    }
+    output.wait_for("3 ranks training", lambda: len(output.commits(3)) >= 6, 100)
+    for host in list(hosts)[1:]:
+        # Each node found its own address and interface (not eth0) by itself.
+        assert f"at {host.ipv4} (Gloo on {host.iface})" in output.text(host.name), output.tail()
+
+    # A crash: SIGKILL of one training process on h3.
+    (victim,) = training_pids(hosts[3])
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    output.wait_for("survivors at size 2", lambda: len(output.commits(2, killed_at)) >= 2, 60)
+    crash_recovery = output.commits(2, killed_at)[0][0] - killed_at
+    output.wait_for(
+        "the restarted process back at size 3",
+        lambda: len(output.commits(3, killed_at)) >= 3,
+        120,
+    )
+
+    # A partition: h2's link goes down for 20 s.
+    cut_host = hosts[2]
+    cut_at = time.monotonic()
+    cut_host.link_down()
+    output.wait_for("the others at size 2", lambda: len(output.commits(2, cut_at)) >= 2, 30)
+    partition_recovery = output.commits(2, cut_at)[0][0] - cut_at
+    deadline = cut_at + 2 * TTL + 2
+    while training_pids(cut_host) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    fenced_after = time.monotonic() - cut_at
+    assert training_pids(cut_host) == [], f"zombie ranks on {cut_host.name}:\n{output.tail()}"
+    assert joins[cut_host.name].poll() is None  # the agent waits to come back
+    while time.monotonic() < cut_at + 20:
+        time.sleep(0.2)
+    back_at = time.monotonic()
+    cut_host.link_up()
+    ended = launcher.poll() is not None
+    if not ended:
+        output.wait_for(
+            f"{cut_host.name} back in the ring",
+            lambda: len(output.commits(3, back_at)) >= 3 or launcher.poll() is not None,
+            120,
+        )
+
+    assert launcher.wait(timeout=240) == 0, output.tail()
+    for name, proc in joins.items():
+        assert proc.wait(timeout=60) == 0, f"{name}:\n{output.tail()}"
+    print(
+        f"crash: size 2 after {crash_recovery:.2f} s; cut link: size 2 after "
+        f"{partition_recovery:.2f} s, {cut_host.name}'s ranks gone after {fenced_after:.2f} s"
+    )
+    launcher_log = output.text("launcher")
+    assert "was lost (dead or cut off)" in launcher_log, launcher_log
+    # The crash used the one restart; the partition used none (else the job had dropped a slot).
+    assert "restarting it (1/1)" in launcher_log
+    assert "no restarts left" not in launcher_log, launcher_log
+    assert partition_recovery < TTL + 1 + 1.5, output.tail()  # TTL + 1 s, plus a step
+    if not ended:
+        assert "registering again" in output.text(cut_host.name), output.tail()
+        assert len(output.commits(3, back_at)) >= 3
+    done = [e for e in output.events if e[2].get("event") == "done"]
+    assert len(done) == 3, output.tail()
+    assert len({json.dumps(e[2]["checksum"]) for e in done}) == 1, done  # the same weights
+    deadline = time.monotonic() + 30
+    while any(h.pids() for h in hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert_no_processes_left(hosts)
+
+
+def test_bad_node_input_is_one_clear_error_at_start(test_hosts: MakeTestHosts) -> None:
+    hosts = test_hosts(2)
+    output = Output()
+    launcher, etcd, job_id = launch(hosts, output)
+    # A second job on that etcd whose launcher advertises loopback (no --host): unreachable.
+    loopback_job = fresh_job_id("mh")
+    lone = start(
+        hosts[0],
+        "loopback",
+        [
+            ELASTIC_RUN,
+            "run",
+            "--etcd",
+            etcd,
+            "--workers",
+            "0",
+            "--job-id",
+            loopback_job,
+            "--",
+            "python",
+            EA_SCRIPT,
+        ],
+        output,
+    )
+    output.wait_for("the second launcher", lambda: "events in" in output.text("loopback"), 60)
+    cases = [
+        (["--host", "10.9.9.9"], "--host 10.9.9.9 is not an address of this machine"),
+        (["--gloo-iface", "eth7"], "--gloo-iface 'eth7': this machine has no such network"),
+        (["--job-id", loopback_job], "the launcher's rendezvous at 127.0.0.1:"),
+        (["name-to-loopback"], "resolves to 127.0.1.1, a loopback address"),
+    ]
+    hosts_file = testhosts.NETNS_ETC / hosts[1].ns / "hosts"
+    own_hosts_file = hosts_file.read_text()
+    for case, message in cases:
+        flags = [] if case == ["name-to-loopback"] else case
+        if case == ["name-to-loopback"]:
+            # Debian's default: the host name resolves to 127.0.1.1.
+            hosts_file.write_text(f"127.0.0.1 localhost\n127.0.1.1 {socket.gethostname()}\n")
+        else:
+            hosts_file.write_text(own_hosts_file)
+        argv = [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id, *flags]
+        started = time.monotonic()
+        result = subprocess.run(
+            hosts[1].command(argv), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 2, (flags, result)
+        assert message in result.stderr, (flags, result.stderr)
+        assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+        assert time.monotonic() - started < 30  # no restart loop
+    assert training_pids(hosts[1]) == []
+    for proc in (launcher, lone):
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
