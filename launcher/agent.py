@@ -32,7 +32,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import IO, Final
 
@@ -56,6 +56,7 @@ from elastic_allreduce.rendezvous.protocol import base_url, split_host_port
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.exit_codes import exit_code
+from launcher.probes import ProbeListener, Prober
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,13 @@ class AgentSettings(NodeTemplate):
     """What one agent needs: its job's node template and its own node id."""
 
     node_id: str
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """The prober's news: the peer nodes this node cannot reach now."""
+
+    unreachable: frozenset[str]
 
 
 @dataclass
@@ -151,6 +159,10 @@ class Agent:
         self._lease: Lease | None = None
         self._skips = SkipReporter()
         self._next_state_check = 0.0
+        #: What ``members/<node>`` says (rewritten on a leave and when peers become unreachable).
+        self._member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
+        self._prober = Prober(lambda unreachable: self._events.put(_Reach(unreachable)))
+        self._listener: ProbeListener | None = None
         inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
         self._devices = slot_devices(inherited, settings.nproc_per_node)
         check_command(settings.command, settings.workdir)
@@ -173,6 +185,8 @@ class Agent:
         max_workers = JobConfig.from_json(raw.key, raw.value).settings.max_workers
         # Before registering: a SIGTERM right after registration must be a graceful leave.
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        listener = self._listener = ProbeListener(settings.host)
+        self._prober.start()
         try:
             while True:
                 outcome = self._register_and_serve(max_workers)
@@ -181,6 +195,8 @@ class Agent:
                 if not self._await_store():
                     return 0
         finally:
+            self._prober.close()
+            listener.close()
             self._stop_all(grace=5.0)
             self.store.close()
 
@@ -193,7 +209,14 @@ class Agent:
             with contextlib.suppress(StoreError):
                 self.store.revoke_lease(self._lease.id)
         lease = self._lease = self.store.grant_lease(settings.lease_ttl)
-        member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
+        probe = self._listener.port if self._listener is not None else None
+        member = self._member = MemberRecord(
+            settings.host,
+            settings.nproc_per_node,
+            os.getpid(),
+            probe=probe,
+            unreachable=self._member.unreachable,  # the prober reports changes only
+        )
         key = keys.member(settings.node_id)
         if self.store.create(key, member.to_json(), lease=lease) is None:
             lease.revoke()
@@ -333,6 +356,13 @@ class Agent:
                 return None
             if changed:
                 job = self._job(cache)
+                self._prober.set_targets(
+                    {
+                        peer: (stored.record.host, stored.record.probe)
+                        for peer, stored in job.members.items()
+                        if peer != node and stored.record.probe is not None
+                    }
+                )
                 if job.ring is not None:
                     self._ring = job.ring.record
                 if job.status is not None and job.status.record.phase.final:
@@ -405,6 +435,8 @@ class Agent:
         for item in items:
             if isinstance(item, _Process):
                 self._on_exit(item)
+            elif isinstance(item, _Reach):
+                self._on_reach(item.unreachable)
             elif item == _LEAVE:
                 self._leave()
             else:
@@ -416,15 +448,33 @@ class Agent:
             return
         self._leaving = True
         self._leave_deadline = time.monotonic() + self.settings.leave_timeout
-        member = MemberRecord(
-            self.settings.host, self.settings.nproc_per_node, os.getpid(), leaving=True
+        self._member = replace(self._member, leaving=True)
+        self.store.put(
+            keys.member(self.settings.node_id), self._member.to_json(), lease=self._lease
         )
-        self.store.put(keys.member(self.settings.node_id), member.to_json(), lease=self._lease)
         log.info(
             "[%s node %s] SIGTERM: leaving the job gracefully",
             self.settings.job_id,
             self.settings.node_id,
         )
+
+    def _on_reach(self, unreachable: frozenset[str]) -> None:
+        """Say in the member record which peers this node's probes cannot reach (the launcher
+        leaves one side of such a pair out of the ring until they reach each other again)."""
+        prefix = f"[{self.settings.job_id} node {self.settings.node_id}]"
+        if unreachable:
+            log.warning("%s cannot reach peer nodes %s", prefix, ", ".join(sorted(unreachable)))
+        else:
+            log.info("%s reaches every peer node again", prefix)
+        self._member = replace(self._member, unreachable=tuple(sorted(unreachable)))
+        if self._lease is None or self._lease.lost:
+            return
+        try:
+            self.store.put(
+                keys.member(self.settings.node_id), self._member.to_json(), lease=self._lease
+            )
+        except StoreError as exc:
+            log.warning("%s could not record the unreachable peers: %s", prefix, exc)
 
     def _apply(self, directive: Directive, rendezvous: str) -> None:
         self._desired = {i: directive.get(i) for i in range(self.settings.nproc_per_node)}

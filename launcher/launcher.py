@@ -362,7 +362,13 @@ class Launcher:
             for slot, stored in job.procs.items()
         }
         members = {
-            node: Member(node, stored.record.slots, stored.record.leaving, stored.create_revision)
+            node: Member(
+                node,
+                stored.record.slots,
+                stored.record.leaving,
+                stored.create_revision,
+                frozenset(stored.record.unreachable),
+            )
             for node, stored in job.members.items()
         }
         exits = sorted(job.exits.items(), key=lambda item: item[1].mod_revision)

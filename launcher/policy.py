@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
@@ -52,6 +52,8 @@ class Member:
     slots: int
     leaving: bool
     registered: int
+    #: The members this node's probes cannot reach (see launcher.probes).
+    unreachable: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,35 @@ class PolicyError(ElasticAllreduceError):
 #: Seconds beyond the lease TTL that a slot's lost lease waits for its node's lease to go too
 #: (leases granted at different moments expire up to one keep-alive interval apart).
 LOST_LEASE_GRACE: Final = 1.0
+
+
+def parked_nodes(members: Mapping[str, Member], holders: Set[str]) -> frozenset[str]:
+    """The nodes to leave out of the ring so that every pair of the others reaches each other.
+
+    A pair is cut when either side's probes fail to reach the other. Nodes are kept greedily:
+    first the holders of the newest commit, then the nodes in fewest cut pairs (so a node cut
+    off from many goes, not the many), then the nodes with more ranks, then the earliest
+    registered; a node is kept when it is cut from none of those kept before it.
+    """
+    cut = {
+        frozenset((node, peer))
+        for node, member in members.items()
+        for peer in member.unreachable
+        if peer in members and peer != node
+    }
+    if not cut:
+        return frozenset()
+    involved = {node for pair in cut for node in pair}
+    cuts = collections.Counter(node for pair in cut for node in pair)
+    order = sorted(
+        involved,
+        key=lambda n: (n not in holders, cuts[n], -members[n].slots, members[n].registered),
+    )
+    kept: list[str] = []
+    for node in order:
+        if all(frozenset((node, other)) not in cut for other in kept):
+            kept.append(node)
+    return frozenset(involved - set(kept))
 
 
 # -- nodes --------------------------------------------------------------------------------------
@@ -413,6 +444,8 @@ class RingPolicy:
         #: member: (incarnation, when, what happened). Charged to the budget only if the node
         #: stays a member for LOST_LEASE_GRACE beyond the lease TTL (see _settle_lost_leases).
         self.lost_pending: dict[str, tuple[int, float, str]] = {}
+        #: Nodes left out of the ring because they and a peer cannot reach each other.
+        self.parked: frozenset[str] = frozenset()
 
     @property
     def target_workers(self) -> int:
@@ -443,6 +476,7 @@ class RingPolicy:
         for exit_ in view.exits:
             decisions += self._on_exit(exit_, view)
         decisions += self._on_lost_leases(view)
+        decisions += self._update_parked(view)
         for proc in view.procs.values():
             if proc.finished:
                 self.finishing[proc.slot] = proc.incarnation
@@ -765,6 +799,41 @@ class RingPolicy:
             slots[index] = incarnation
         return SetDirective(member.node, tuple(sorted(slots.items())))
 
+    # -- peers that cannot reach each other --------------------------------------------------
+
+    def _update_parked(self, view: JobView) -> list[Decision]:
+        """Leave out of the ring the nodes that cannot reach a peer (parked_nodes chooses
+        which side), replacing their ring members without charging the budget: the new
+        processes wait at the barrier until the probes show every pair reaches each other."""
+        holders = {split_slot(slot)[0] for slot in self.holders}
+        parked = parked_nodes(view.members, holders)
+        decisions: list[Decision] = []
+        for node in sorted(parked - self.parked):
+            member = view.members[node]
+            peers = sorted(
+                {
+                    *member.unreachable,
+                    *(n for n, m in view.members.items() if node in m.unreachable),
+                }
+                & view.members.keys()
+            )
+            decisions.append(
+                Log(
+                    f"node {node} and {', '.join(peers)} cannot reach each other (their probes "
+                    f"fail): leaving {node} out of the ring until they can"
+                )
+            )
+            for slot in self.ring.slots if self.ring is not None else ():
+                if split_slot(slot)[0] == node:
+                    decisions += self._replace_stuck(
+                        slot, view, f"slot {slot} leaves the ring: its node cannot reach a peer"
+                    )
+        for node in sorted(self.parked - parked):
+            if node in view.members:
+                decisions.append(Log(f"node {node} reaches every peer again; it may rejoin"))
+        self.parked = parked
+        return decisions
+
     # -- membership --------------------------------------------------------------------------
 
     def _usable(self, slot: str, view: JobView) -> bool:
@@ -772,6 +841,7 @@ class RingPolicy:
         member = view.members.get(node)
         return (
             member is not None
+            and node not in self.parked
             and node not in view.dead_nodes
             and not member.leaving
             and slot not in self.abandoned

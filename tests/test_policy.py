@@ -25,6 +25,7 @@ from launcher.policy import (
     StartNodes,
     StopNode,
     WriteRing,
+    parked_nodes,
 )
 
 D = TypeVar("D")
@@ -408,3 +409,47 @@ def test_fail_ends_the_job_with_the_reason_once() -> None:
     [finish] = of(FinishJob, policy.fail("the ring hung twice", world.view()))
     assert finish == FinishJob(False, "the ring hung twice")
     assert policy.fail("again", world.view()) == []
+
+
+def test_nodes_that_cannot_reach_each_other_are_split_keeping_the_larger_side() -> None:
+    members = {
+        n: Member(n, 1, False, i, frozenset(cut))
+        for i, (n, cut) in enumerate(
+            [("a", {"c"}), ("b", {"c"}), ("c", set())]  # c is cut off from a and b
+        )
+    }
+    assert parked_nodes(members, holders=set()) == {"c"}
+    # One cut pair: the later registered goes, unless only it holds the newest commit.
+    pair = {"a": Member("a", 1, False, 1, frozenset({"b"})), "b": Member("b", 1, False, 2)}
+    assert parked_nodes(pair, holders=set()) == {"b"}
+    assert parked_nodes(pair, holders={"b"}) == {"a"}
+    # A node with more ranks is kept before one with fewer.
+    pair["b"] = Member("b", 4, False, 2)
+    assert parked_nodes(pair, holders=set()) == {"a"}
+    assert parked_nodes({"a": Member("a", 1, False, 1, frozenset({"gone"}))}, set()) == set()
+
+
+def test_a_node_that_cannot_reach_a_peer_leaves_the_ring_free_and_rejoins() -> None:
+    policy, world, _ = started_job(count=3, max_restarts=0)
+    world.members["n0"] = Member("n0", 1, False, 1, frozenset({"n2"}))
+    decisions = step(policy, world)
+    assert any("node n2 and n0 cannot reach each other" in d.message for d in of(Log, decisions)), (
+        decisions
+    )
+    assert SetDirective("n2", ((0, 2),)) in decisions  # replaced, no budget
+    ring = [d.ring for d in of(WriteRing, decisions)][-1]
+    assert ring.slots == ("n0.0", "n1.0") and ring.cause.value == "failure"
+    world.kill("n2.0")  # the agent kills the old process ...
+    world.add_node("n2", incarnation=2)  # ... and its new one waits at the barrier
+    world.waiting.update({"n0.0": WaitKind.RESET, "n1.0": WaitKind.RESET})
+    step(policy, world)
+    assert policy.ring is not None and policy.ring.slots == ("n0.0", "n1.0")
+    assert policy.ring.state is RingState.RUNNING
+    assert "n2.0" in world.waiting  # kept waiting, not sent away
+    assert policy.restarts_used == 0 and policy.failure is None
+    # The probes succeed again: the waiting process joins at the next resize.
+    world.members["n0"] = Member("n0", 1, False, 1)
+    decisions = step(policy, world)
+    assert any("node n2 reaches every peer again" in d.message for d in of(Log, decisions))
+    ring = [d.ring for d in of(WriteRing, decisions)][-1]
+    assert ring.slots == ("n0.0", "n1.0", "n2.0") and ring.cause.value == "resize"

@@ -283,18 +283,34 @@ class MemberRecord:
     pid: int | None = None
     #: The node is leaving gracefully (SIGTERM to its agent, or a scale-down).
     leaving: bool = False
+    #: The TCP port of the agent's probe listener on ``host`` (None: it probes no peer).
+    probe: int | None = None
+    #: The members this node's agent could not connect to at its last probe of each.
+    unreachable: tuple[str, ...] = ()
 
     def to_json(self) -> JsonValue:
-        return {"host": self.host, "slots": self.slots, "pid": self.pid, "leaving": self.leaving}
+        return {
+            "host": self.host,
+            "slots": self.slots,
+            "pid": self.pid,
+            "leaving": self.leaving,
+            "probe": self.probe,
+            "unreachable": list(self.unreachable),
+        }
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> MemberRecord:
         fields = _Fields(key, value, "the member record")
+        probe = fields.opt_integer("probe", minimum=1)
+        if probe is not None and probe > 65535:
+            raise MalformedValueError(key, f"probe port {probe} is not a TCP port")
         return cls(
             fields.text("host"),
             fields.integer("slots", minimum=1),
             fields.opt_integer("pid", minimum=1),
             fields.flag("leaving"),
+            probe,
+            fields.strings("unreachable", default=()),
         )
 
 
