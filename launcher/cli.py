@@ -113,15 +113,22 @@ def _build_parser() -> argparse.ArgumentParser:
     etcd = commands.add_parser(
         "etcd",
         parents=[common],
-        help="run a private etcd server on loopback until interrupted",
+        help="run a private etcd server (on loopback, or --host) until interrupted",
         description=(
-            "Run a private single-member etcd server on a free loopback port (or --port) and "
-            "print its endpoint, the value to pass as --etcd. Stops on Ctrl-C or SIGTERM. "
-            "Without --data-dir the data lives in a temporary directory removed on exit."
+            "Run a private single-member etcd server on a free port (or --port) of loopback "
+            "(or --host) and print its endpoint, the value to pass as --etcd. Stops on Ctrl-C "
+            "or SIGTERM. Without --data-dir the data lives in a temporary directory removed on "
+            "exit."
         ),
     )
     etcd.add_argument("--data-dir", help="keep the server's data here (reused on restart)")
     etcd.add_argument("--port", type=int, help="client port (default: a free port)")
+    etcd.add_argument(
+        "--host",
+        metavar="ADDRESS",
+        help="listen on this address of this machine, IPv4 or IPv6, so that other hosts can "
+        "use the server (default: 127.0.0.1)",
+    )
 
     join = commands.add_parser(
         "join",
@@ -265,7 +272,8 @@ def _add_store_flags(parser: argparse.ArgumentParser) -> None:
 def _run_etcd(args: argparse.Namespace) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
-    server = EmbeddedEtcd(args.data_dir, client_port=args.port, fast=False)
+    host = netinfo.check_local_address(args.host) if args.host else "127.0.0.1"
+    server = EmbeddedEtcd(args.data_dir, host=host, client_port=args.port, fast=False)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -367,6 +375,21 @@ def _run_join(args: argparse.Namespace) -> int:
         flush=True,
     )
     return agent.run()
+
+
+def _launcher_host(given: str | None) -> str:
+    """The launcher's address for ``run --host`` (checked), or loopback."""
+    if not given:
+        return "127.0.0.1"
+    host = netinfo.check_local_address(given)
+    if ":" in host:
+        raise ConfigError(
+            f"--host {host} is an IPv6 address: Horovod 0.28.1's Gloo rendezvous client "
+            "cannot reach the launcher over IPv6; give an IPv4 address of this machine (etcd "
+            "and the nodes may still use IPv6: `elastic-run etcd --host IPV6`, "
+            "`run --etcd [IPV6]:PORT`)"
+        )
+    return host
 
 
 def _node_address(args: argparse.Namespace) -> tuple[str, str]:
@@ -493,7 +516,7 @@ def _run_job(args: argparse.Namespace) -> int:
             )
         host, workdir = "127.0.0.1", None
     else:
-        host = netinfo.check_local_address(args.host) if args.host else "127.0.0.1"
+        host = _launcher_host(args.host)
         command, workdir = resolve_command(command), os.getcwd()
     logging.getLogger().setLevel(logging.INFO)
     settings = job_options.job_settings(options)

@@ -996,6 +996,10 @@ class RingPolicy:
         ring = self.ring
         decisions: list[Decision] = []
         if ring is None:
+            # Before the first epoch: a process of a leaving node need not wait for it.
+            leaving = [s for s in view.waiting if not self._may_join_later(s, view)]
+            if leaving:
+                decisions.append(ReleaseWaiters(0, tuple((s, REMOVED) for s in leaving)))
             return decisions
         outsiders = [
             s

@@ -76,6 +76,7 @@ def test_the_working_directory_is_part_of_the_stored_job() -> None:
 def test_the_source_address_towards_a_host_is_one_of_this_machines() -> None:
     address = netinfo.source_address("127.0.0.1", 2379)
     assert address == "127.0.0.1"
+    assert netinfo.source_address("::1", 2379) == "::1"
     assert netinfo.interface_of(address) == "lo"
     assert netinfo.interface_of("::1") == "lo"
     assert netinfo.interface_of("192.0.2.254") is None  # TEST-NET-1: not ours

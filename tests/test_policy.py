@@ -453,3 +453,12 @@ def test_a_node_that_cannot_reach_a_peer_leaves_the_ring_free_and_rejoins() -> N
     assert any("node n2 reaches every peer again" in d.message for d in of(Log, decisions))
     ring = [d.ring for d in of(WriteRing, decisions)][-1]
     assert ring.slots == ("n0.0", "n1.0", "n2.0") and ring.cause.value == "resize"
+
+
+def test_a_node_leaving_before_the_first_epoch_is_not_kept_waiting() -> None:
+    policy, world = make_policy(target_workers=2, min_workers=2), World()
+    policy.nodes_started(["n0", "n1"], 0.0)
+    world.add_node("n0")
+    assert of(ReleaseWaiters, step(policy, world)) == []  # waits for n1
+    world.members["n0"] = Member("n0", 1, True, 1)  # SIGTERM to its agent
+    assert answers(step(policy, world)) == {"n0.0": REMOVED.rank}

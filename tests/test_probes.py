@@ -44,3 +44,11 @@ def test_one_lost_probe_is_not_enough_and_recovery_needs_two_successes() -> None
     prober.judge(targets, frozenset({"b"}))
     assert prober.judge(targets, frozenset({"b"})) == {"b"}
     assert prober.judge({"a": targets["a"]}, frozenset()) == frozenset()
+
+
+def test_probes_work_over_ipv6() -> None:
+    listener = ProbeListener("::1")
+    try:
+        assert probe({"v6": ("::1", listener.port)}) == frozenset()
+    finally:
+        listener.close()

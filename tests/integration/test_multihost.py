@@ -302,3 +302,71 @@ def test_bad_node_input_is_one_clear_error_at_start(test_hosts: MakeTestHosts) -
     for proc in (launcher, lone):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_etcd_and_nodes_on_ipv6(test_hosts: MakeTestHosts) -> None:
+    """etcd listens on an IPv6 address and a bare join finds its IPv6 address by the route to
+    it; the launcher's rendezvous stays IPv4 (Horovod's Gloo rendezvous client has no IPv6)."""
+    hosts = test_hosts(2)
+    output = Output()
+    etcd_proc = start(hosts[0], "etcd", [ELASTIC_RUN, "etcd", "--host", hosts[0].ipv6], output)
+    found: list[str] = []
+
+    def serving() -> bool:
+        match = re.search(r"pass --etcd (\S+)", output.text("etcd"))
+        found[:] = [match.group(1)] if match else []
+        return bool(match)
+
+    output.wait_for("etcd on IPv6", serving, 30)
+    etcd = found[0]
+    assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
+    refused = subprocess.run(
+        [
+            *hosts[0].command([ELASTIC_RUN, "run", "--etcd", etcd, "--host", hosts[0].ipv6]),
+            "--",
+            "python",
+            EA_SCRIPT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2 and "is an IPv6 address: Horovod 0.28.1" in refused.stderr
+    job_id = fresh_job_id("mh")
+    launcher = start(
+        hosts[0],
+        "launcher",
+        [
+            ELASTIC_RUN,
+            "run",
+            "--etcd",
+            etcd,
+            "--host",
+            hosts[0].ipv4,
+            "--workers",
+            "0",
+            "--job-id",
+            job_id,
+            "--",
+            "python",
+            EA_SCRIPT,
+        ],
+        output,
+    )
+    output.wait_for("the launcher", lambda: "rendezvous at" in output.text("launcher"), 60)
+    node = start(
+        hosts[1], "node", [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id], output
+    )
+    line = f"joining job {job_id} at {hosts[1].ipv6} (Gloo on {hosts[1].iface})"
+    output.wait_for("the node's address", lambda: line in output.text("node"), 60)
+    shown = hosts[1].run(
+        [ELASTIC_RUN, "keys", "--etcd", etcd, "--job-id", job_id, "members/"], timeout=30
+    )
+    (record,) = [json.loads(line)["value"] for line in shown.stdout.splitlines()]
+    assert record["host"] == hosts[1].ipv6 and record["probe"] > 0, record
+    node.send_signal(signal.SIGTERM)  # a graceful leave
+    assert node.wait(timeout=60) == 0, output.tail()
+    for proc in (launcher, etcd_proc):
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
