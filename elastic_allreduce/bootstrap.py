@@ -9,13 +9,15 @@ The agent runs every training process through this module, which
 3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
    Horovod's rank variables and ``HOROVOD_ELASTIC=1`` (re-initialisations then ask the launcher);
 4. starts a guard thread that, when the launcher re-forms the ring after a failure while this
-   process has not yet asked for its new rank, shuts down this process's peer connections: a
-   Gloo collective waiting on a peer that already gave up then fails at once instead of after
+   process has not yet asked for its new rank, shuts down Gloo's connections of the failed
+   epoch (those that ``hvd.init()`` opened; the script's own connections stay): a Gloo
+   collective waiting on a peer that already gave up then fails at once instead of after
    Gloo's timeout;
 5. starts the progress beacon (:mod:`elastic_allreduce.progress`): about once a second it tells
    the launcher's hang watchdog how far this process got, and sends its stacks when asked;
 6. installs :mod:`elastic_allreduce.hooks` into Horovod's elastic API (state syncs agree on the
-   state's shape first; a slot removed from the ring exits quietly at its reset);
+   state's shape first; a slot removed from the ring exits quietly at its reset; every
+   ``hvd.init()`` tells the guard which connections are Gloo's);
 7. runs the user's script (or ``-m module``) as ``__main__``.
 """
 
@@ -30,8 +32,8 @@ import sys
 import threading
 import traceback
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Final
 
 from elastic_allreduce import env
@@ -69,26 +71,116 @@ def _required(name: str) -> str:
     return value
 
 
-def established_peer_sockets(excluded_remote_ports: set[int]) -> list[int]:
-    """File descriptors of this process's established TCP connections, but for excluded ports."""
-    inodes: dict[str, int] = {}
+@dataclass(frozen=True)
+class TcpSocket:
+    """One TCP socket of this network namespace: a row of ``/proc/net/tcp`` or ``tcp6``."""
+
+    inode: int
+    state: str
+    local_port: int
+    remote_port: int
+
+    @property
+    def established(self) -> bool:
+        return self.state == _TCP_ESTABLISHED
+
+
+def tcp_sockets() -> dict[int, TcpSocket]:
+    """The TCP sockets (IPv4 and IPv6) of this process's network namespace, by inode."""
+    found: dict[int, TcpSocket] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as handle:
             next(handle, None)
             for line in handle:
                 fields = line.split()
-                if len(fields) < 10 or fields[3] != _TCP_ESTABLISHED:
+                if len(fields) < 10 or fields[9] == "0":  # inode 0: no longer owned
                     continue
+                inode = int(fields[9])
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
                 remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if remote_port not in excluded_remote_ports:
-                    inodes[fields[9]] = remote_port
-    descriptors = []
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/self/fd/{name}")
-            if target.startswith("socket:[") and target[8:-1] in inodes:
-                descriptors.append(int(name))
-    return descriptors
+                found[inode] = TcpSocket(inode, fields[3], local_port, remote_port)
+    return found
+
+
+def own_sockets() -> dict[int, int]:
+    """This process's open sockets (of any kind): inode -> one file descriptor holding it."""
+    found: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{name}")
+                if target.startswith("socket:["):
+                    found.setdefault(int(target[8:-1]), int(name))
+    return found
+
+
+def gloo_connections(
+    opened: Collection[int], sockets: Mapping[int, TcpSocket], excluded_ports: Collection[int]
+) -> frozenset[int]:
+    """Of the sockets ``opened`` while ``hvd.init()`` ran, the inodes of Gloo's connections:
+    established TCP connections whose remote port is not one of ``excluded_ports`` (etcd, the
+    launcher's rendezvous -- which Horovod's Gloo store and this process's threads also talk to
+    during an init)."""
+    return frozenset(
+        inode
+        for inode in opened
+        if (tcp := sockets.get(inode)) is not None
+        and tcp.established
+        and tcp.remote_port not in excluded_ports
+    )
+
+
+class GlooSockets:
+    """The TCP connections Horovod's Gloo context holds in this process, learnt at each init.
+
+    Horovod creates Gloo's TCP devices and connects the full mesh of each context (global,
+    local, cross, the global process set's) inside ``hvd.init()``: its background thread does
+    it before ``initialization_done``, which ``horovod_init`` waits for. So the connections
+    that appear while ``hvd.init()`` runs and are still open when it returns are Gloo's; a
+    script's connections opened before or after it are not.
+    :func:`elastic_allreduce.hooks.install` brackets every init with :meth:`begin` and
+    :meth:`end`; the ring guard cuts :meth:`established`. Thread-safe.
+    """
+
+    def __init__(self, excluded_ports: Collection[int]) -> None:
+        self._excluded = frozenset(excluded_ports)
+        self._lock = threading.Lock()
+        self._inodes: frozenset[int] = frozenset()
+
+    def begin(self) -> frozenset[int]:
+        """Before ``hvd.init()``: the inodes of this process's sockets now (pass to :meth:`end`)."""
+        return frozenset(own_sockets())
+
+    def end(self, before: frozenset[int]) -> int:
+        """After ``hvd.init()`` (returned or raised): remember Gloo's connections; how many.
+
+        Those of an earlier init that are still open stay (a second ``hvd.init()`` without a
+        ``shutdown()`` between connects nothing); those closed by a ``shutdown()`` drop out."""
+        now = own_sockets()
+        with self._lock:
+            kept = self._inodes & now.keys()
+            self._inodes = kept | gloo_connections(
+                now.keys() - before, tcp_sockets(), self._excluded
+            )
+            return len(self._inodes)
+
+    def established(self) -> tuple[list[int], int]:
+        """File descriptors of Gloo's established connections now, and how many other
+        established TCP connections this process holds (the script's, etcd, rendezvous)."""
+        sockets = tcp_sockets()
+        with self._lock:
+            gloo = self._inodes
+        descriptors: list[int] = []
+        others = 0
+        for inode, fd in own_sockets().items():
+            tcp = sockets.get(inode)
+            if tcp is None or not tcp.established:
+                continue
+            if inode in gloo:
+                descriptors.append(fd)
+            else:
+                others += 1
+        return descriptors, others
 
 
 def shutdown_sockets(descriptors: Sequence[int]) -> int:
@@ -106,13 +198,14 @@ def shutdown_sockets(descriptors: Sequence[int]) -> int:
 
 
 class RingGuard:
-    """Watches the ring; unblocks this process's collectives when its epoch failed."""
+    """Watches the ring; unblocks this process's collectives when its epoch failed, by shutting
+    down Gloo's connections of that epoch (only those: see :class:`GlooSockets`)."""
 
-    def __init__(self, store: EtcdStore, slot: str, epoch: int, excluded_ports: set[int]) -> None:
+    def __init__(self, store: EtcdStore, slot: str, epoch: int, gloo: GlooSockets) -> None:
         self._store = store
         self._slot = slot
         self._epoch = epoch
-        self._excluded = excluded_ports
+        self._gloo = gloo
         self._stop = threading.Event()
         self._watch: Watch = store.watch_prefix(keys.RING)
         self._thread = threading.Thread(target=self._run, name=f"ring-guard-{slot}", daemon=True)
@@ -148,14 +241,44 @@ class RingGuard:
             and self._slot in ring.waiting
         ):
             self._handled = ring.epoch
-            count = shutdown_sockets(established_peer_sockets(self._excluded))
+            if not self._still_waiting(ring.epoch):
+                log.info(
+                    "slot %s: epoch %d failed; this process has already left epoch %d "
+                    "(nothing to shut down)",
+                    self._slot,
+                    ring.epoch,
+                    self._epoch,
+                )
+                return
+            descriptors, others = self._gloo.established()
+            count = shutdown_sockets(descriptors)
             log.info(
-                "slot %s: epoch %d failed; shut down %d peer connections of epoch %d",
+                "slot %s: epoch %d failed; shut down %d Gloo connections of epoch %d "
+                "(kept %d other TCP connections)",
                 self._slot,
                 ring.epoch,
                 count,
                 self._epoch,
+                others,
             )
+
+    def _still_waiting(self, epoch: int) -> bool:
+        """Whether the stored ring still waits for this slot in a failure epoch >= ``epoch``.
+        An event can arrive late: once the slot asked for its rank, its next ``hvd.init()`` may
+        already have connected a newer epoch, whose connections must stay. Unknown (the store
+        does not answer): True, as the event says."""
+        try:
+            stored = self._store.get(keys.RING)
+            current = None if stored is None else Ring.from_json(stored.key, stored.value)
+        except ElasticAllreduceError as exc:
+            log.warning("slot %s: ring guard could not re-read the ring: %s", self._slot, exc)
+            return True
+        return current is None or (
+            current.epoch >= epoch
+            and current.state is RingState.FORMING
+            and current.cause is EpochCause.FAILURE
+            and self._slot in current.waiting
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -219,13 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = replace(record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
     store.put(key, record.to_json(), lease=lease)
 
-    excluded = {port, *(endpoint.port for endpoint in store.endpoints)}
-    guard = RingGuard(store, slot, admission.epoch, excluded)
+    gloo = GlooSockets({port, *(endpoint.port for endpoint in store.endpoints)})
+    guard = RingGuard(store, slot, admission.epoch, gloo)
     guard.start()
     Beacon(rendezvous, slot, record.incarnation, _progress_interval()).start()
     from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 
-    hooks.install(store)
+    hooks.install(store, gloo)
 
     return _run_script(args, store, key, record, lease)
 

@@ -1,4 +1,4 @@
-"""Two small changes to Horovod's elastic API, installed by the bootstrap under `elastic-run` only.
+"""Small changes to Horovod's API, installed by the bootstrap under `elastic-run` only.
 
 :func:`install` patches, in the training process before the user's script runs:
 
@@ -22,6 +22,12 @@
    ``std::runtime_error("... has been removed from elastic job")``, which nothing catches: the
    C++ runtime prints ``terminate called after throwing ...`` and aborts the process.
 
+3. ``horovod.common.basics.HorovodBasics.init`` (so every binding of ``hvd.init``:
+   ``horovod.tensorflow``, its Keras API and the elastic reset all call it through the class):
+   the sockets this process holds before and after it tell the bootstrap's ring guard which
+   connections are Gloo's (:class:`elastic_allreduce.bootstrap.GlooSockets`), so that after a
+   failed epoch it shuts down only those.
+
 Why the ring in the store tells: the launcher writes the next epoch (compare-and-swap) before it
 notifies the members, and a slot left out of an epoch is never admitted again as the same
 process, so its ``rank_and_size`` would be answered -1.
@@ -32,11 +38,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.elastic as hvd_elastic
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
+from horovod.common.basics import HorovodBasics
 
 from elastic_allreduce import elastic_run, progress, runtime
 from elastic_allreduce.errors import ElasticAllreduceError
@@ -45,6 +52,9 @@ from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.values import NOT_ADMITTED_EXIT_CODE, MemberRecord, Ring
 from elastic_allreduce.store import EventType, Store
 from elastic_allreduce.sync import agree
+
+if TYPE_CHECKING:
+    from elastic_allreduce.bootstrap import GlooSockets
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +65,12 @@ LEAVE_WAIT: Final = 5.0
 _PATCHED: Final = "_elastic_allreduce_patched"
 
 
-def install(store: Store) -> None:
-    """Patch Horovod's TensorFlowKerasState.sync and elastic reset (idempotent). ``store`` is
-    the process's connection to the job's store (the bootstrap's), read at resets."""
+def install(store: Store, gloo: GlooSockets | None = None) -> None:
+    """Patch Horovod's TensorFlowKerasState.sync, elastic reset and init (idempotent). ``store``
+    is the process's connection to the job's store (the bootstrap's), read at resets; ``gloo``
+    learns Gloo's connections at every ``hvd.init()``."""
+    if gloo is not None:
+        _record_gloo_sockets(gloo)
     state_class: Any = hvd_elastic.TensorFlowKerasState
     if getattr(state_class.sync, _PATCHED, False):
         return
@@ -83,6 +96,27 @@ def install(store: Store) -> None:
     hvd_elastic.run = elastic_run.run
     hvd_keras_elastic.run = elastic_run.run
     hvd_elastic._reset = QuietReset(store)
+
+
+def _record_gloo_sockets(gloo: GlooSockets) -> None:
+    """Bracket Horovod's init, at the class every ``hvd.init`` binding calls, with ``gloo``'s
+    begin/end: Gloo connects its full mesh before ``horovod_init`` returns."""
+    basics: Any = HorovodBasics
+    horovod_init = basics.init
+    if getattr(horovod_init, _PATCHED, False):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        """Horovod's init; the sockets it opened are Gloo's (see GlooSockets)."""
+        before = gloo.begin()
+        try:
+            horovod_init(self, *args, **kwargs)
+        finally:
+            count = gloo.end(before)
+            log.debug("slot %s: hvd.init() left %d Gloo connections", runtime.slot(), count)
+
+    setattr(init, _PATCHED, True)
+    basics.init = init
 
 
 class QuietReset:
