@@ -33,7 +33,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import report  # noqa: E402
-from bench.items import collectives, faults, progress, state, throughput  # noqa: E402
+from bench.items import (  # noqa: E402
+    collectives,
+    faults,
+    multihost,
+    progress,
+    state,
+    throughput,
+)
 from bench.items.context import Context  # noqa: E402
 from bench.jobs import log  # noqa: E402
 from elastic_allreduce.store import EmbeddedEtcd  # noqa: E402
@@ -47,6 +54,7 @@ ITEMS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "allreduce": collectives.run,
     "state": state.run,
     "progress": progress.run,
+    "multihost": multihost.run,
 }
 
 

@@ -181,6 +181,50 @@ def synthetic() -> dict[str, Any]:
     }
 
 
+def _multihost() -> dict[str, Any]:
+    """Item 9's result: a cut link next to a SIGKILL on test hosts, and the throughput ratio."""
+    cut = summarize([3.4, 4.6])
+    return {
+        "params": 100_000,
+        "hosts": "1 launcher host + 3 worker hosts joined bare, one training process each",
+        "lease_ttl_s": 3,
+        "faults": [
+            {"kind": "kill", "host": "h2", "recovery_s": 0.3, "fenced_s": None, "back_s": 9.0},
+            {"kind": "cut", "host": "h3", "recovery_s": 3.4, "fenced_s": 3.1, "back_s": 12.0},
+            {"kind": "kill", "error": "BenchError: timed out"},
+        ],
+        "partition": {
+            "what": "link of rank 1's host cut -> every survivor completed a step at size 2 (s)",
+            "elastic_run": cut,
+            "crash": summarize([0.3]),
+            "fenced": summarize([3.1]),
+            "rejoin": summarize([12.0]),
+            "crash_back": summarize([9.0]),
+            "floor_s": 3,
+            "target_s": 4.0,
+            "met": False,
+        },
+        "throughput": {
+            "what": "steps/s of rank 0 at 3 ranks, ~100,000 parameters, same script",
+            "rounds": 2,
+            "seconds_per_round": 5.0,
+            "test_hosts": summarize([40.0, 44.0]),
+            "loopback": summarize([50.0, None]),
+            "ratio": 0.84,
+            "round_ratios": [0.8],
+            "cpu": {
+                name: summarize([1.5, 1.7])
+                for name in (
+                    "test_hosts_workers",
+                    "test_hosts_others",
+                    "loopback_workers",
+                    "loopback_others",
+                )
+            },
+        },
+    }
+
+
 def _check_tables(text: str) -> None:
     """Every table row has as many cells as its header."""
     lines = text.splitlines()
@@ -275,3 +319,50 @@ def test_summarize_counts_failed_trials() -> None:
     assert summary["failed"] == 1
     assert (summary["median"], summary["min"], summary["max"]) == (2.0, 1.0, 3.0)
     assert summarize([None])["n"] == 0
+
+
+def test_partition_recovery_is_shown_next_to_the_sigkill_on_test_hosts(tmp_path: Path) -> None:
+    results = synthetic()
+    results["items"]["multihost"] = _multihost()
+    text = report.render_markdown(results, png_link=None)
+    assert "## 9. Partition recovery and throughput on test hosts" in text
+    section = text[text.index("## 9. Partition") :]
+    assert (
+        "| link cut -> every survivor completed a step at size 2 | 4.000 s (3.400-4.600), n=2 |"
+        in section
+    )
+    assert "| SIGKILL of the same rank -> the same (same job, same hosts) | 0.300 s" in section
+    assert "The expected floor of a cut is the lease TTL (3 s, the `--lease-ttl` option)" in section
+    assert "max <= lease TTL + 1 s = 4 s: **missed**" in section
+    assert "- Trial failed (later trials not run): kill: BenchError: timed out" in section
+    assert "| test hosts (veth + bridge) | 42.00 (40.00-44.00), n=2 |" in section
+    assert "| loopback | 50.00 (50.00-50.00), n=1, 1 failed |" in section
+    assert "2 alternating round(s) of 5 s" in section
+    assert "test hosts / loopback: **0.840**; per round: 0.800." in section
+    assert (
+        "CPU-second of the training processes (median over rounds): test hosts 26.3, "
+        "loopback 33.3, ratio 0.788." in section
+    )
+    # The targets table has its row, and a missed bound says what limits it.
+    assert (
+        "| 9. partition recovery (test hosts) | 4.000 s (3.400-4.600), n=2 (target: max <= "
+        "lease TTL + 1 s = 4 s); SIGKILL: median 0.300 s; steps/s test hosts / loopback 0.840 "
+        "| **missed** |" in text
+    )
+    assert "**9. partition recovery (test hosts) misses its target.** A cut host" in text
+    _check_tables(text)
+    # The plot takes it too.
+    report.plot(results, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_multihost_skipped_without_test_hosts_says_why() -> None:
+    results = synthetic()
+    reason = "test hosts cannot be made here: network namespaces need root (uid 1000)"
+    results["items"]["multihost"] = {"skipped": reason}
+    text = report.render_markdown(results, png_link=None)
+    assert f"Skipped: {reason}." in text
+    assert "| 9. partition recovery (test hosts) | skipped | — |" in text
+    assert f"- multihost was skipped: {reason}" in text
+    assert "partition recovery (test hosts) misses" not in text
+    _check_tables(text)
