@@ -49,6 +49,8 @@ class _Counts:
     step_seconds: float | None = None
     last_tick: float | None = None
     total: int | None = None
+    samples: int | None = None
+    rolled_back: int = 0
 
 
 _counts = _Counts()
@@ -56,19 +58,32 @@ _phases: list[str] = []
 _lock = threading.Lock()
 
 
-def report_step(step: int | None = None, *, total: int | None = None) -> None:
+def report_step(
+    step: int | None = None, *, total: int | None = None, samples: int | None = None
+) -> None:
     """Count one finished step of this process; ``step`` is the script's own step number when
     it has one, ``total`` the steps it will take in all (``elastic-run status --watch`` then
-    shows a progress bar with an ETA). Cheap enough to call every step: no I/O."""
+    shows a progress bar with an ETA), ``samples`` the samples the step took across the whole
+    ring (the global batch: the launcher's samples/s). Cheap enough to call every step: no
+    I/O."""
     now = time.monotonic()
     counts = _counts
     if total is not None:
         counts.total = total
+    if samples is not None:
+        counts.samples = samples
     if counts.last_tick is not None:
         counts.step_seconds = now - counts.last_tick
     counts.last_tick = now
     counts.step = step if step is not None else counts.step
     counts.ticks += 1
+
+
+def report_rollback(steps: int) -> None:
+    """Count steps this process ran past its last commit and lost to a failure (``ea.State``
+    calls it when it restores the commit): the launcher's time lost to rollbacks."""
+    if steps > 0:
+        _counts.rolled_back += steps
 
 
 def report_commit(step: int | None = None) -> None:
@@ -100,7 +115,14 @@ def current_report(incarnation: int) -> protocol.ProgressReport:
     if marked is None and counts.ticks == 0:
         marked = STARTUP
     return protocol.ProgressReport(
-        incarnation, counts.ticks, counts.step, marked, counts.step_seconds, counts.total
+        incarnation,
+        counts.ticks,
+        counts.step,
+        marked,
+        counts.step_seconds,
+        counts.total,
+        counts.samples,
+        counts.rolled_back,
     )
 
 

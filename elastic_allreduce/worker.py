@@ -224,7 +224,7 @@ class ElasticData:
         """Count a finished step: the epoch position moves past the whole global batch."""
         state.position += batch.global_size
         state.step += 1
-        progress.report_step(int(state.step))
+        progress.report_step(int(state.step), samples=batch.global_size)
 
     @staticmethod
     def next_epoch(state: State) -> None:
@@ -308,7 +308,7 @@ class _FeedCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._state.position += self._plan.shares[batch].global_size
         self._state.step += 1
-        progress.report_step(int(self._state.step))
+        progress.report_step(int(self._state.step), samples=self._plan.shares[batch].global_size)
         if self._state.step % self._commit_every == 0:
             self._state.commit()
 
@@ -376,6 +376,14 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
                 with progress.phase("checkpoint"):
                     self._write_checkpoint(self._checkpoint_dir)
         self.check_host_updates()
+
+    def restore(self) -> None:
+        """Go back to the last commit (after a failure); the steps lost are reported."""
+        before = getattr(self, "step", None)
+        super().restore()
+        after = getattr(self, "step", None)
+        if isinstance(before, int) and isinstance(after, int) and before > after:
+            progress.report_rollback(before - after)
 
     def on_reset(self) -> None:
         """After Horovod re-initialised: learn the new ring epoch, then run reset callbacks."""

@@ -273,6 +273,8 @@ def ranks_record(
                 report.phase,
                 round(progress.changed_wall, 3) if report.ticks else None,
                 report.total_steps,
+                report.samples_per_step,
+                report.rolled_back_steps,
             )
         )
     return RanksRecord(ring.epoch, round(wall, 3), tuple(ranks))

@@ -22,6 +22,17 @@ def test_steps_commits_and_phases_make_the_report() -> None:
     assert progress.current_report(3).phase is None
 
 
+def test_the_global_batch_and_the_rolled_back_steps_travel_with_the_report() -> None:
+    before = progress.current_report(1)
+    progress.report_step(8, samples=256)
+    progress.report_rollback(3)
+    progress.report_rollback(0)  # nothing lost: nothing counted
+    report = progress.current_report(1)
+    assert report.samples_per_step == 256
+    assert report.rolled_back_steps == before.rolled_back_steps + 3
+    assert type(report).decode(report.encode()) == report
+
+
 def test_a_thread_sleeping_in_script_code_is_not_in_a_collective() -> None:
     started = threading.Event()
     stop = threading.Event()

@@ -569,6 +569,10 @@ class RankProgress:
     progressed_at: float | None
     #: The steps the script said it will take in all.
     total_steps: int | None = None
+    #: Samples its last step took across the ring (the global batch), when the script said.
+    samples_per_step: int | None = None
+    #: Steps it ran past a commit and lost to failures, in all.
+    rolled_back_steps: int = 0
 
     def to_json(self) -> JsonValue:
         return _flat_json(self)
@@ -586,6 +590,8 @@ class RankProgress:
             phase=fields.opt_text("phase"),
             progressed_at=_opt_number(fields, "progressed_at"),
             total_steps=fields.opt_integer("total_steps", minimum=1),
+            samples_per_step=fields.opt_integer("samples_per_step", minimum=1),
+            rolled_back_steps=fields.opt_integer("rolled_back_steps", minimum=0) or 0,
         )
 
 

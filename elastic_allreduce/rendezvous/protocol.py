@@ -269,6 +269,10 @@ class ProgressReport:
     step_seconds: float | None = None
     #: The steps the script will take in all, when it said (``ea.report_step(step, total=N)``).
     total_steps: int | None = None
+    #: Samples the last step took across the ring (the global batch), when the script said.
+    samples_per_step: int | None = None
+    #: Steps this process ran past a commit and lost to failures, in all (it only grows).
+    rolled_back_steps: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -279,6 +283,8 @@ class ProgressReport:
                 "phase": self.phase,
                 "step_seconds": self.step_seconds,
                 "total_steps": self.total_steps,
+                "samples_per_step": self.samples_per_step,
+                "rolled_back_steps": self.rolled_back_steps,
             }
         ).encode()
 
@@ -304,6 +310,16 @@ class ProgressReport:
                 None
                 if fields.get("total_steps") is None
                 else _count(fields, "total_steps", "progress", minimum=1)
+            ),
+            samples_per_step=(
+                None
+                if fields.get("samples_per_step") is None
+                else _count(fields, "samples_per_step", "progress", minimum=1)
+            ),
+            rolled_back_steps=(
+                0
+                if fields.get("rolled_back_steps") is None
+                else _count(fields, "rolled_back_steps", "progress")
             ),
         )
 

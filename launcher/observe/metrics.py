@@ -67,6 +67,31 @@ class JobMetrics:
             "Committed steps per second between the last two progress samples.",
             registry=r,
         )
+        self.goodput = Gauge(
+            "elastic_goodput_ratio",
+            "Kept step time / wall time since the job started (see launcher/observe/goodput.py).",
+            registry=r,
+        )
+        self.kept_step_seconds = Gauge(
+            "elastic_kept_step_seconds",
+            "Seconds of training steps kept (committed), counted at each step's time.",
+            registry=r,
+        )
+        self.rollback_steps = Gauge(
+            "elastic_rollback_steps",
+            "Steps run after a commit and lost to a failure (run again).",
+            registry=r,
+        )
+        self.rollback_seconds = Gauge(
+            "elastic_rollback_seconds",
+            "Seconds of training steps lost to rollbacks.",
+            registry=r,
+        )
+        self.samples_per_second = Gauge(
+            "elastic_samples_per_second",
+            "Samples per second across the ring: the global batch over the median step time.",
+            registry=r,
+        )
         self.rank_step = Gauge(
             "elastic_rank_step",
             "Each ring member's last reported step (from its progress reports).",

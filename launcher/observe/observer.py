@@ -9,7 +9,7 @@ import json
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,6 +24,7 @@ from launcher.observe.events import (
     JobEvent,
     default_events_file,
 )
+from launcher.observe.goodput import GoodputMeter
 from launcher.observe.metrics import JobMetrics
 from launcher.policy import MembershipChange
 
@@ -54,6 +55,8 @@ class JobObserver:
         self._samples: collections.deque[JobEvent] = collections.deque(maxlen=KEPT_EVENTS)
         self._status: dict[str, Any] = {"job_id": job_id, "phase": JobPhase.RUNNING.value}
         self._last_sample: JobEvent | None = None
+        #: Kept step time, rollbacks, samples/s (fed on the launcher's loop, under the lock).
+        self.goodput = GoodputMeter(time.time())
 
     # -- fed by the launcher ----------------------------------------------------------------
 
@@ -104,7 +107,10 @@ class JobObserver:
             self.metrics.ring_epoch.set(ring.epoch)
             self.metrics.ring_size.set(len(ring.slots))
         if isinstance(step, int) and not isinstance(step, bool):
+            with self._lock:
+                self.goodput.commit(step, time.time())
             self._sample(step, progress.size if progress is not None else None, ring)
+        self._publish_goodput()
 
     def hang(self, record: HangRecord, replaced: tuple[str, ...]) -> None:
         """The hang watchdog found the ring without progress (and replaced these slots)."""
@@ -122,6 +128,8 @@ class JobObserver:
         """The members' progress (each rank's last step, step time and phase)."""
         with self._lock:
             self._status["rank_progress"] = [rank.to_json() for rank in record.ranks]
+            self.goodput.ranks(record.ranks)
+        self._publish_goodput()
         self.metrics.rank_step.clear()
         self.metrics.rank_step_seconds.clear()
         for rank in record.ranks:
@@ -142,6 +150,20 @@ class JobObserver:
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
+
+    def _publish_goodput(self) -> None:
+        """Put the goodput figures in the metrics and the status."""
+        with self._lock:
+            figures = self.goodput.read(time.time())
+            self._status["goodput"] = asdict(figures)
+        metrics = self.metrics
+        if figures.ratio is not None:
+            metrics.goodput.set(figures.ratio)
+        metrics.kept_step_seconds.set(figures.kept_seconds)
+        metrics.rollback_steps.set(figures.rollback_steps)
+        metrics.rollback_seconds.set(figures.rollback_seconds)
+        if figures.samples_per_second is not None:
+            metrics.samples_per_second.set(figures.samples_per_second)
 
     # -- read by the dashboard --------------------------------------------------------------
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -110,6 +112,18 @@ def test_metrics_dashboard_and_timeline_follow_a_kill_and_a_join(
     status = json.loads(_get(f"http://{dashboard}/api/status"))
     ranks = [r["slot"] for r in status["ring"]["ranks"]]
     assert len(ranks) == 3 and victim in ranks
+    # Goodput: kept step time grows; the steps lost to the rollback are those the survivor ran
+    # past its last commit (its own count, steps_run - step, printed with each commit).
+    assert 0 < after[("elastic_goodput_ratio", ())] <= 1
+    assert after[("elastic_kept_step_seconds", ())] > before[("elastic_kept_step_seconds", ())]
+    survivor = slot_of_rank(job, 0, 2)  # the victim was rank 1
+    mine = [e for e in job.commits(3) if e.slot == survivor][-1].data
+    lost = int(mine["steps_run"]) - int(mine["step"])
+    deadline = time.monotonic() + 15  # the launcher hears of it with the next progress report
+    while (shown := metrics(dashboard)[("elastic_rollback_steps", ())]) != lost:
+        assert time.monotonic() < deadline, f"rollback steps: {shown}, the survivor lost {lost}"
+        time.sleep(0.5)
+    assert status["goodput"]["wall_seconds"] > 0
 
     chromium = browser()
     if chromium is None:
@@ -123,6 +137,7 @@ def test_metrics_dashboard_and_timeline_follow_a_kill_and_a_join(
             assert f"<td>{slot}</td>" in dom, slot
         assert f"slot {victim} crashed: killed by SIGKILL" in dom
         assert "<td>Joined</td>" in dom and "<td>Crashed</td>" in dom
+        assert re.search(r"goodput \d+\.\d %", dom), dom[:2000]
         assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if os.environ.get(PICTURES):
             shutil.copy(screenshot, Path(os.environ[PICTURES]) / "dashboard.png")

@@ -58,14 +58,27 @@ async function refresh() {
     const ring = status.ring;
     document.getElementById("epoch").textContent = ring
       ? `epoch ${ring.epoch} (${ring.state}, ${ring.cause}), ${ring.ranks.length} ranks` : "";
+    const reported = new Map((status.rank_progress || []).map((p) => [p.slot, p]));
     fill(document.querySelector("#ring tbody"),
-      ring ? ring.ranks.map((r) => [r.rank, r.slot, r.node, r.host]) : []);
+      ring ? ring.ranks.map((r) => {
+        const p = reported.get(r.slot) || {};
+        const seconds = p.step_seconds === null || p.step_seconds === undefined
+          ? "" : `${(p.step_seconds * 1000).toFixed(0)} ms`;
+        return [r.rank, r.slot, r.node, r.host, p.step, seconds, p.phase || "training"];
+      }) : []);
     document.getElementById("sizes").textContent =
       `target ${status.target_workers} nodes (min ${status.min_workers}, max ` +
       `${status.max_workers}); restarts used ${status.restarts_used} of ${status.max_restarts}`;
     const progress = status.progress;
     document.getElementById("progress").textContent = progress
       ? `last commit: step ${progress.step} at size ${progress.size}` : "no commit yet";
+    const good = status.goodput;
+    document.getElementById("goodput").textContent = good && good.ratio !== null
+      ? `goodput ${(100 * good.ratio).toFixed(1)} % (kept ${good.kept_seconds.toFixed(1)} s of ` +
+        `${good.wall_seconds.toFixed(0)} s; lost to rollbacks: ${good.rollback_steps} steps, ` +
+        `${good.rollback_seconds.toFixed(1)} s)` +
+        (good.samples_per_second ? `; ${good.samples_per_second.toFixed(0)} samples/s` : "")
+      : "";
     chart(status.throughput || []);
     fill(document.querySelector("#events tbody"),
       events.filter((e) => e.kind !== "Progress").reverse().map((e) => [
