@@ -34,7 +34,7 @@ clean:
 
 # The benchmark suite: elastic-run side by side with horovodrun and MPI (bench/README.md).
 # Writes bench/results/latest.json, bench/results/latest.png and bench/RESULTS.md.
-# `bench` takes about 23 minutes on 2 cores, `bench-quick` about 6.
+# `bench` takes about 29 minutes on 2 cores, `bench-quick` about 7.
 bench: setup
 	VENV=$(VENV) bash scripts/setup-bench.sh
 	$(BIN)/python -m bench.suite

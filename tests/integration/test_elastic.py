@@ -17,7 +17,13 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
-from elastic_allreduce.records.values import JobConfig, JobPhase, JobSettings, JobStatus
+from elastic_allreduce.records.values import (
+    JobConfig,
+    JobPhase,
+    JobSettings,
+    JobStatus,
+    MemberRecord,
+)
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from tests.conftest import fresh_job_id
 from tests.integration.harness import (
@@ -252,6 +258,22 @@ def test_bad_run_input_gives_one_clear_error(args: tuple[str, ...], message: str
     assert result.returncode == (3 if "is unreachable" in message else 2), result
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_join_beyond_max_workers_is_refused_and_leaves_no_member(
+    etcd_server: EmbeddedEtcd,
+) -> None:
+    job_id = fresh_job_id("full")
+    with EtcdStore(etcd_server.endpoints_text, job_id) as store:
+        config = JobConfig(JobSettings(1, 1, 1, 0), ("python", HVD_SCRIPT))
+        store.put(keys.JOB_CONFIG, config.to_json())
+        with store.grant_lease(10) as lease:
+            store.create(keys.member("n0"), MemberRecord("127.0.0.1", 1).to_json(), lease=lease)
+            result = run_cli("join", "--etcd", etcd_server.endpoints_text, "--job-id", job_id)
+            assert result.returncode == 2, result
+            assert f"job '{job_id}' already has its --max-workers 1 nodes (n0)" in result.stderr
+            assert "Traceback" not in result.stderr
+            assert list(read_job(store).members) == ["n0"]  # the refused node left no key
 
 
 @pytest.mark.parametrize("command", ["join", "scale", "status"])
