@@ -621,7 +621,13 @@ class RingPolicy:
         for node, reason in sorted(view.disrupted_nodes.items()):
             if self.nodes.state(node) in (NodeState.DISRUPTED, NodeState.STOPPING):
                 continue
-            if self.nodes.move(node, NodeState.DISRUPTED, view.now) is NodeState.LEAVING:
+            previous = self.nodes.move(node, NodeState.DISRUPTED, view.now)
+            if previous is NodeState.LOST:
+                # Its lease expired before the cluster reported the pod (real kubelets lag):
+                # the loss was handled then (and charged once); nothing more to do.
+                decisions.append(Log(f"node {node} was lost: {reason} (handled at its lease loss)"))
+                continue
+            if previous is NodeState.LEAVING:
                 self._set_target(
                     self.target_workers + 1, f"node {node} was lost, not leaving: {reason}"
                 )

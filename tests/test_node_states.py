@@ -263,3 +263,18 @@ def test_every_target_change_says_why() -> None:
         3,
         "node n1 was lost, not leaving: pod preempted",
     )
+
+
+def test_a_lease_lost_before_the_pod_report_is_charged_once() -> None:
+    """Real kubelets report a failed pod after its etcd leases expired: one loss, one restart."""
+    policy, world, _ = started_job(max_restarts=3)
+    del world.members["n1"]  # the node's lease expired first ...
+    del world.procs["n1.0"]
+    decisions = step(policy, world)
+    assert "node n1 was lost; starting a replacement" in logs(decisions)
+    assert policy.restarts_used == 1
+    view = replace(world.view(), disrupted_nodes={"n1": "pod failed (OOMKilled)"})
+    decisions = policy.step(view)  # ... then the cluster reports the pod
+    assert "node n1 was lost: pod failed (OOMKilled) (handled at its lease loss)" in logs(decisions)
+    assert policy.restarts_used == 1
+    assert policy.node_state("n1") is NodeState.DISRUPTED

@@ -432,11 +432,19 @@ class KubernetesProvisioner(Provisioner):
         state.last = pod
         status = pod.get("status") or {}
         state.phase = str(status.get("phase") or "Pending")
-        state.unschedulable = state.phase == "Pending" and any(
-            c.get("type") == "PodScheduled"
-            and c.get("status") == "False"
-            and c.get("reason") == "Unschedulable"
-            for c in status.get("conditions") or []
+        # Not started yet: the scheduler cannot place it, or it is placed and its containers
+        # wait (an image being pulled, volumes being mounted). Either way the node's start
+        # timeout must not run, or a duplicate pod would be created every NODE_START_TIMEOUT.
+        state.unschedulable = state.phase == "Pending" and (
+            any(
+                c.get("type") == "PodScheduled"
+                and c.get("status") == "False"
+                and c.get("reason") == "Unschedulable"
+                for c in status.get("conditions") or []
+            )
+            or any(
+                "waiting" in (c.get("state") or {}) for c in status.get("containerStatuses") or []
+            )
         )
         terminating = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
         if deleted:

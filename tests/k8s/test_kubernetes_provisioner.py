@@ -179,6 +179,25 @@ def test_pending_pods_and_lost_pods_are_reported(
     watcher.wait(lambda s: s.pending == {running}, "an unschedulable pod")
     set_status(api, running, {"phase": "Running", "conditions": []})
     watcher.wait(lambda s: not s.pending, "the pod to be placed")
+    # Placed, its image still being pulled: not started either (no duplicate pod meanwhile).
+    pulling = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "worker",
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+                "image": "elastic-allreduce:dev",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+            }
+        ],
+    }
+    set_status(api, running, pulling)
+    watcher.wait(lambda s: s.pending == {running}, "a pod whose image is being pulled")
+    set_status(api, running, {"phase": "Running", "conditions": []})
+    watcher.wait(lambda s: not s.pending, "the pod to start")
 
     set_status(api, evicted, {"phase": "Failed", "reason": "Evicted", "message": "low memory"})
     terminated = {"terminated": {"exitCode": 137, "reason": "Error"}}
