@@ -128,6 +128,8 @@ def test_compare_and_swap_loses_no_update_under_contention(store_factory: StoreF
         thread.join(timeout=60)
     final = clients[0].get("counter")
     assert final is not None and final.value == increments * len(clients)
+    # The clients did collide (else this test shows nothing about compare-and-swap).
+    assert conflicts[0] > 0
 
 
 def test_delete_and_conditional_delete(store_factory: StoreFactory) -> None:
