@@ -76,7 +76,7 @@ async function refresh() {
     document.getElementById("goodput").textContent = good && good.ratio !== null
       ? `goodput ${(100 * good.ratio).toFixed(1)} % (kept ${good.kept_seconds.toFixed(1)} s of ` +
         `${good.wall_seconds.toFixed(0)} s; lost to rollbacks: ${good.rollback_steps} steps, ` +
-        `${good.rollback_seconds.toFixed(1)} s)` +
+        `${good.rollback_seconds.toFixed(2)} s)` +
         (good.samples_per_second ? `; ${good.samples_per_second.toFixed(0)} samples/s` : "")
       : "";
     chart(status.throughput || []);
