@@ -13,6 +13,12 @@ from pathlib import Path
 import pytest
 
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, Store
+from tests.helpers.leftovers import (  # noqa: F401 - hooks: the session-end leftover check
+    pytest_addoption,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+)
 from tests.helpers.tls import TlsEtcd, start_tls_etcd
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import MemberRecord, ProcRecord
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from tests.conftest import ROOT, fresh_job_id
+from tests.helpers import leftovers
 
 ELASTIC_RUN = str(Path(sys.executable).parent / "elastic-run")
 HVD_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_elastic.py")
@@ -29,6 +29,10 @@ KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
 DATA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_data.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
+#: Seconds :meth:`Job.finish` waits for the end of the output once the job has exited.
+OUTPUT_END_TIMEOUT = 10.0
+#: Seconds :meth:`Job.stop` waits for the killed processes to go.
+STOP_TIMEOUT = 10.0
 
 
 @dataclass
@@ -51,6 +55,7 @@ class Job:
     lines: list[str] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     _new: queue.Queue[str] = field(default_factory=queue.Queue)
+    _reader: threading.Thread | None = None
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -102,21 +107,35 @@ class Job:
         return pid
 
     def finish(self, timeout: float = 120) -> int:
+        """Wait for the job to exit and for the end of its output (every line read and parsed:
+        the reader thread has seen end-of-file); its exit code."""
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             raise AssertionError("job did not finish; output:\n" + self.tail()) from exc
-        self.wait_for(lambda: self._new.qsize() == 0, 5, "output to drain")
+        if self._reader is not None:
+            self._reader.join(timeout=OUTPUT_END_TIMEOUT)
+            if self._reader.is_alive():  # a process still holds the pipe open
+                raise AssertionError(
+                    f"the job exited with {code} but its output did not end within "
+                    f"{OUTPUT_END_TIMEOUT} s; output:\n" + self.tail()
+                )
         return code
 
     def tail(self, lines: int = 80) -> str:
         return "\n".join(self.lines[-lines:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.store.close()
+        """End the job's whole process group and every process below it (agents and training
+        processes run in sessions of their own), wait until they are gone, close the store."""
+        try:
+            left = leftovers.end_process_tree(
+                self.proc.pid, STOP_TIMEOUT, with_descendants=self.proc.returncode is None
+            )
+            self.proc.wait(timeout=STOP_TIMEOUT)
+            assert not left, "processes of the job outlived SIGKILL: " + "; ".join(map(str, left))
+        finally:
+            self.store.close()
 
 
 def start_job(
@@ -160,8 +179,15 @@ def watch_process(
         text=True,
         start_new_session=True,
     )
-    job = Job(proc, job_id, EtcdStore(etcd.endpoints_text, job_id))
-    threading.Thread(target=job._read, daemon=True).start()
+    try:
+        store = EtcdStore(etcd.endpoints_text, job_id)
+    except BaseException:
+        leftovers.end_process_tree(proc.pid, timeout=STOP_TIMEOUT)
+        proc.wait(timeout=STOP_TIMEOUT)
+        raise
+    job = Job(proc, job_id, store)
+    job._reader = threading.Thread(target=job._read, daemon=True)
+    job._reader.start()
     return job
 
 
