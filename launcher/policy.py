@@ -1002,8 +1002,13 @@ class RingPolicy:
         ring = self.ring
         decisions: list[Decision] = []
         if ring is None:
-            # Before the first epoch: a process of a leaving node need not wait for it.
-            leaving = [s for s in view.waiting if not self._may_join_later(s, view)]
+            # Before the first epoch: a process of a leaving node need not wait for it (one
+            # whose member record the view does not hold yet is not leaving).
+            leaving = [
+                s
+                for s in view.waiting
+                if (member := view.members.get(split_slot(s)[0])) is not None and member.leaving
+            ]
             if leaving:
                 decisions.append(ReleaseWaiters(0, tuple((s, REMOVED) for s in leaving)))
             return decisions

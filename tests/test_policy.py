@@ -459,6 +459,8 @@ def test_a_node_leaving_before_the_first_epoch_is_not_kept_waiting() -> None:
     policy, world = make_policy(target_workers=2, min_workers=2), World()
     policy.nodes_started(["n0", "n1"], 0.0)
     world.add_node("n0")
-    assert of(ReleaseWaiters, step(policy, world)) == []  # waits for n1
+    world.waiting["n1.0"] = WaitKind.FRESH  # its member record is not in the view yet
+    assert of(ReleaseWaiters, step(policy, world)) == []  # neither is sent away
+    del world.waiting["n1.0"]
     world.members["n0"] = Member("n0", 1, True, 1)  # SIGTERM to its agent
     assert answers(step(policy, world)) == {"n0.0": REMOVED.rank}

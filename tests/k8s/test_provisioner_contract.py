@@ -19,12 +19,15 @@ from launcher.agent import NodeTemplate
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.provisioners.api import Provisioner
 from launcher.provisioners.local import LocalProvisioner
+from tests.conftest import ROOT
 from tests.helpers.fake_kube import FakeKube
 from tests.k8s.conftest import StoreView, join_template, write_job_config
 
 pytestmark = pytest.mark.timeout(120)
 
-COMMAND = ["python", "train.py"]
+#: A script that exists (an agent refuses a job whose script is missing on its host); no
+#: launcher runs here, so it is never started.
+COMMAND = ["python", str(ROOT / "tests" / "scripts" / "hvd_elastic.py")]
 
 
 @dataclass
