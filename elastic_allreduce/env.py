@@ -68,6 +68,9 @@ HOROVOD_RANK_VARIABLES: Final = (
 )
 #: Directory for the periodic checkpoints of elastic_allreduce.State (from --checkpoint-dir).
 CHECKPOINT_DIR: Final = "ELASTIC_ALLREDUCE_CHECKPOINT_DIR"
+#: Directory of the job's TensorBoard summaries (from --tensorboard-dir): rank 0 of the ring
+#: writes its per-step scalars and membership markers under it (elastic_allreduce.tensorboard).
+TENSORBOARD_DIR: Final = "ELASTIC_ALLREDUCE_TENSORBOARD_DIR"
 #: Directory where every rank appends one JSON line per training step (the sample audit log).
 SAMPLE_LOG: Final = "ELASTIC_ALLREDUCE_SAMPLE_LOG"
 #: Seconds between a training process's progress reports to the launcher (default 1; 0: none,

@@ -3,7 +3,9 @@
 The library counts progress with :func:`report_step` (``ElasticData`` and the Keras feed call it
 after every step, ``ea.State`` at every commit) and marks long phases that are not hangs with
 :func:`phase` (``ea.State`` around its syncs and checkpoint writes, the model zoo around an
-evaluation). Counting is an attribute write: nothing leaves the process per step.
+evaluation). Counting is an attribute write: nothing leaves the process per step. Step
+listeners see every counted step too: rank 0's TensorBoard summaries
+(:mod:`elastic_allreduce.tensorboard`) are buffered there.
 
 Under ``elastic-run`` the bootstrap starts a :class:`Beacon`: a daemon thread that sends the
 counts to the launcher's rendezvous server about once a second (``PUT /progress/<slot>``, see
@@ -26,7 +28,7 @@ import time
 import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Final
@@ -58,25 +60,59 @@ _phases: list[str] = []
 _lock = threading.Lock()
 
 
+#: Called after every counted step with the step number (the script's, else the count of steps),
+#: the seconds since the previous step (None for the first), the step's global samples and the
+#: script's metrics (both None when not given). Runs on the training thread: must be cheap.
+StepListener = Callable[[int, float | None, int | None, Mapping[str, float] | None], None]
+_listeners: list[StepListener] = []
+
+
 def report_step(
-    step: int | None = None, *, total: int | None = None, samples: int | None = None
+    step: int | None = None,
+    *,
+    total: int | None = None,
+    samples: int | None = None,
+    metrics: Mapping[str, float] | None = None,
 ) -> None:
     """Count one finished step of this process; ``step`` is the script's own step number when
     it has one, ``total`` the steps it will take in all (``elastic-run status --watch`` then
     shows a progress bar with an ETA), ``samples`` the samples the step took across the whole
-    ring (the global batch: the launcher's samples/s). Cheap enough to call every step: no
-    I/O."""
+    ring (the global batch: the launcher's samples/s), ``metrics`` the step's scalars, such as
+    ``{"loss": 0.3}`` (rank 0 writes them to TensorBoard with ``--tensorboard-dir``). Cheap
+    enough to call every step: no I/O."""
     now = time.monotonic()
     counts = _counts
     if total is not None:
         counts.total = total
     if samples is not None:
         counts.samples = samples
-    if counts.last_tick is not None:
-        counts.step_seconds = now - counts.last_tick
+    seconds = None if counts.last_tick is None else now - counts.last_tick
+    if seconds is not None:
+        counts.step_seconds = seconds
     counts.last_tick = now
     counts.step = step if step is not None else counts.step
     counts.ticks += 1
+    for listener in _listeners:
+        listener(counts.ticks if counts.step is None else counts.step, seconds, samples, metrics)
+
+
+def current_step() -> int:
+    """The step :func:`report_step` or :func:`report_commit` last counted (the script's number,
+    else the count of steps), as step listeners see it."""
+    counts = _counts
+    return counts.ticks if counts.step is None else counts.step
+
+
+def add_step_listener(listener: StepListener) -> None:
+    """Call ``listener`` after every step :func:`report_step` counts (TensorBoard summaries)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_step_listener(listener: StepListener) -> None:
+    """Stop calling ``listener`` (no error when it was not added)."""
+    with contextlib.suppress(ValueError):
+        _listeners.remove(listener)
 
 
 def report_rollback(steps: int) -> None:

@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -35,6 +35,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
+from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.tensorflow.elastic import TensorFlowKerasState
 from horovod.tensorflow.functions import broadcast_object, broadcast_variables
 from horovod.tensorflow.keras.elastic import (
@@ -44,7 +45,7 @@ from horovod.tensorflow.keras.elastic import (
 )
 from typing_extensions import Unpack
 
-from elastic_allreduce import elastic_run, env, progress, runtime
+from elastic_allreduce import elastic_run, env, progress, runtime, tensorboard
 from elastic_allreduce.audit import SampleLog
 from elastic_allreduce.data import (
     ArraySource,
@@ -220,11 +221,12 @@ class ElasticData:
             yield Batch(features, labels, share.ids, share.global_size, float(scale))
 
     @staticmethod
-    def advance(state: State, batch: Batch) -> None:
-        """Count a finished step: the epoch position moves past the whole global batch."""
+    def advance(state: State, batch: Batch, metrics: Mapping[str, float] | None = None) -> None:
+        """Count a finished step: the epoch position moves past the whole global batch.
+        ``metrics`` (such as ``{"loss": loss}``) go to TensorBoard with ``--tensorboard-dir``."""
         state.position += batch.global_size
         state.step += 1
-        progress.report_step(int(state.step), samples=batch.global_size)
+        progress.report_step(int(state.step), samples=batch.global_size, metrics=metrics)
 
     @staticmethod
     def next_epoch(state: State) -> None:
@@ -308,7 +310,8 @@ class _FeedCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._state.position += self._plan.shares[batch].global_size
         self._state.step += 1
-        progress.report_step(int(self._state.step), samples=self._plan.shares[batch].global_size)
+        global_size = self._plan.shares[batch].global_size
+        progress.report_step(int(self._state.step), samples=global_size, metrics=logs)
         if self._state.step % self._commit_every == 0:
             self._state.commit()
 
@@ -361,6 +364,17 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self._size = hvd.size()
         if on_resize is not None:
             on_resize(0, self._size)
+        #: Steps lost at the last restore (None: no failure since the last reset).
+        self._rolled_back: int | None = None
+        self._summaries = tensorboard.attach(tensorboard.learning_rate_of(self.optimizer))
+        if self._summaries is not None:
+            self._summaries.ring(
+                rank=hvd.rank(),
+                size=self._size,
+                epoch=runtime.ring_epoch(),
+                step=self._current_step(),
+                cause=None,
+            )
 
     # -- commit / sync -----------------------------------------------------------------------
 
@@ -375,24 +389,48 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             if self._checkpoint_dir is not None and self.commit_id % self._checkpoint_every == 0:
                 with progress.phase("checkpoint"):
                     self._write_checkpoint(self._checkpoint_dir)
-        self.check_host_updates()
+        if self._summaries is not None:
+            self._summaries.on_commit(self._current_step())
+        try:
+            self.check_host_updates()
+        except HostsUpdatedInterrupt:
+            if self._summaries is not None:
+                # Before a leaving rank 0 exits and the next one writes a file of its own.
+                self._summaries.flush()
+            raise
 
     def restore(self) -> None:
         """Go back to the last commit (after a failure); the steps lost are reported."""
         before = getattr(self, "step", None)
         super().restore()
         after = getattr(self, "step", None)
+        lost = 0
         if isinstance(before, int) and isinstance(after, int) and before > after:
-            progress.report_rollback(before - after)
+            lost = before - after
+            progress.report_rollback(lost)
+        self._rolled_back = lost
 
     def on_reset(self) -> None:
         """After Horovod re-initialised: learn the new ring epoch, then run reset callbacks."""
-        runtime.refresh_ring_epoch()
+        epoch = runtime.refresh_ring_epoch()
         super().on_reset()
         size = hvd.size()
         if self._on_resize is not None and size != self._size:
             self._on_resize(self._size, size)
         self._size = size
+        lost, self._rolled_back = self._rolled_back, None
+        if self._summaries is not None:
+            cause = "resize" if lost is None else f"failure, {lost} steps rolled back"
+            step = self._current_step()
+            self._summaries.ring(rank=hvd.rank(), size=size, epoch=epoch, step=step, cause=cause)
+
+    def _current_step(self) -> int:
+        """The state's ``step`` attribute, else the step the progress counters last saw."""
+        step = getattr(self, "step", None)
+        try:
+            return int(step)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return progress.current_step()
 
     def sync(self) -> None:
         """Give every rank the newest committed state (from the lowest rank that has it).

@@ -90,6 +90,8 @@ class NodeTemplate:
     lease_ttl: int = 3
     leave_timeout: float = 60.0
     start_timeout: float = 60.0
+    #: The job's --tensorboard-dir (None: no summaries).
+    tensorboard_dir: str | None = None
 
     def for_node(self, node_id: str) -> AgentSettings:
         """The settings of one node of this template."""
@@ -520,6 +522,8 @@ class Agent:
         child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if settings.checkpoint_dir:
             child_env[env.CHECKPOINT_DIR] = settings.checkpoint_dir
+        if settings.tensorboard_dir:
+            child_env[env.TENSORBOARD_DIR] = settings.tensorboard_dir
         command = [
             sys.executable,
             "-m",

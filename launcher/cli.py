@@ -37,6 +37,7 @@ from launcher.observe.observer import (
     add_observer_flags,
     observer_settings,
 )
+from launcher.observe.tensorboard import resolve_directory as resolve_tensorboard_dir
 from launcher.observe.timeline import render_file as render_timeline
 from launcher.provisioners.local import LocalProvisioner
 
@@ -251,6 +252,14 @@ def _add_local_job_flags(parser: argparse.ArgumentParser) -> None:
     security_cli.add_security_flags(parser)
     job_options.add_job_flags(parser)
     add_observer_flags(parser)
+    parser.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="write TensorBoard summaries here: rank 0 of the ring writes DIR/train (per step "
+        "the loss and other metrics the script reports, learning rate, samples/s, ring size; a "
+        "marker at each membership change), the launcher DIR/launcher (each re-formed ring's "
+        "duration by cause); nodes on other hosts need the same path",
+    )
 
 
 def _add_store_flags(parser: argparse.ArgumentParser) -> None:
@@ -365,6 +374,7 @@ def _run_join(args: argparse.Namespace) -> int:
             command=config.command,
             checkpoint_dir=config.checkpoint_dir,
             workdir=config.workdir,
+            tensorboard_dir=config.tensorboard_dir,
             host=host,
             gloo_iface=iface,
             lease_ttl=config.settings.lease_ttl,
@@ -488,6 +498,13 @@ def _refuse_security_flags(args: argparse.Namespace) -> None:
         )
 
 
+def _tensorboard_checked(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--tensorboard-dir`` checked (absolute and created) before `train`'s slow
+    definition check."""
+    args.tensorboard_dir = resolve_tensorboard_dir(args.tensorboard_dir)
+    return args
+
+
 def _run_job(args: argparse.Namespace) -> int:
     """`elastic-run run`: lead one job, locally or (--kubernetes) with worker pods; the job's
     flags are those of launcher/job_options.py, shared with `elastic-run k8s render|submit`."""
@@ -521,6 +538,7 @@ def _run_job(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.INFO)
     settings = job_options.job_settings(options)
     observing = observer_settings(args, job_id)
+    tensorboard_dir = resolve_tensorboard_dir(args.tensorboard_dir)
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -554,12 +572,15 @@ def _run_job(args: argparse.Namespace) -> int:
                 os.path.abspath(options.checkpoint_dir) if options.checkpoint_dir else None
             ),
             workdir=workdir,
+            tensorboard_dir=tensorboard_dir,
             host=host,
             gloo_iface=netinfo.interface_of(host) or "lo",
             lease_ttl=settings.lease_ttl,
         )
         observer = JobObserver(job_id, settings, observing)
         print(f"elastic-run: events in {observing.events_file}", flush=True)
+        if tensorboard_dir is not None:
+            print(f"elastic-run: TensorBoard summaries in {tensorboard_dir}", flush=True)
         if kube_mode is not None:
             launch = LaunchSettings(options.workers, settings, template, kube_mode.pod_ip)
             result = run_in_kubernetes(launch, kube_mode, observer)
@@ -600,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "timeline": _run_timeline,
             "certs": security_cli.run_certs,
             "etcd-user": lambda args: security_cli.run_etcd_user(args, _open_store(args)),
-            "train": lambda args: zoo_cli.run_train(args, _run_job),
+            "train": lambda args: zoo_cli.run_train(_tensorboard_checked(args), _run_job),
             "predict": zoo_cli.run_predict,
             "k8s": k8s_cli.run,
         }

@@ -37,6 +37,7 @@ from elastic_allreduce.rendezvous.protocol import Admission, host_port
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.agent import NodeTemplate
+from launcher.observe import tensorboard
 from launcher.observe.observer import JobObserver
 from launcher.observe.server import DashboardServer
 from launcher.policy import (
@@ -251,7 +252,13 @@ class Launcher:
                 "--job-id (the old keys stay for inspection with `elastic-run keys`)"
             )
         nodes = self.settings.nodes
-        config = JobConfig(self.settings.job, nodes.command, nodes.checkpoint_dir, nodes.workdir)
+        config = JobConfig(
+            self.settings.job,
+            nodes.command,
+            nodes.checkpoint_dir,
+            nodes.workdir,
+            nodes.tensorboard_dir,
+        )
         self.store.put(keys.JOB_CONFIG, config.to_json())
 
     def _loop(self, policy: RingPolicy) -> JobResult:
@@ -437,6 +444,8 @@ class Launcher:
             self.on_event(change)
         if self.observer is not None:
             self.observer.change(change)
+        if self.settings.nodes.tensorboard_dir is not None:
+            tensorboard.record_change(self.settings.nodes.tensorboard_dir, change)
 
     def _finish(self, decision: FinishJob) -> JobResult:
         phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED

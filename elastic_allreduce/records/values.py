@@ -230,13 +230,15 @@ class JobSettings:
 
 @dataclass(frozen=True)
 class JobConfig:
-    """``config/job``: the job's settings, its training command, checkpoint directory and the
-    working directory its training processes run in (None: the agent's own)."""
+    """``config/job``: the job's settings, its training command, checkpoint directory, the
+    working directory its training processes run in (None: the agent's own) and the directory
+    of its TensorBoard summaries (None: none)."""
 
     settings: JobSettings
     command: tuple[str, ...]
     checkpoint_dir: str | None = None
     workdir: str | None = None
+    tensorboard_dir: str | None = None
 
     def to_json(self) -> JsonValue:
         return {
@@ -244,6 +246,7 @@ class JobConfig:
             "command": list(self.command),
             "checkpoint_dir": self.checkpoint_dir,
             "workdir": self.workdir,
+            "tensorboard_dir": self.tensorboard_dir,
         }
 
     @classmethod
@@ -257,6 +260,7 @@ class JobConfig:
             command,
             fields.opt_text("checkpoint_dir"),
             fields.opt_text("workdir"),
+            fields.opt_text("tensorboard_dir"),
         )
 
 

@@ -361,10 +361,10 @@ class Trainer:
                 totals = self.train_step(
                     batch.features, batch.labels, tf.constant(batch.loss_scale, tf.float32)
                 ).numpy()
-                self.data.advance(state, batch)
+                step_loss = float(totals[0] / totals[1]) if totals[1] else 0.0
+                self.data.advance(state, batch, metrics={LOSS: step_loss})
                 state.loss_sum += float(totals[0])
                 state.loss_count += float(totals[1])
-                step_loss = float(totals[0] / totals[1]) if totals[1] else 0.0
                 self.callbacks.on_train_batch_end(int(state.step) - 1, {LOSS: step_loss})
                 evaluate = self.valid is not None and every is not None and state.step % every == 0
                 if evaluate:
