@@ -31,6 +31,9 @@ ETCD_SECURITY: Final = (
 JOB_ID: Final = "ELASTIC_ALLREDUCE_JOB_ID"
 #: `elastic-run join`: this node's id when no --node-id is given (a worker pod's name).
 NODE_ID: Final = "ELASTIC_ALLREDUCE_NODE_ID"
+#: `elastic-run join`: set ("1") when the launcher started this node (a worker pod): it may
+#: replace a lost node whose member key has not expired yet, so --max-workers is not checked.
+PROVISIONED: Final = "ELASTIC_ALLREDUCE_PROVISIONED"
 #: `elastic-run join`: the address peers reach this node at when no --host is given (pod IP).
 HOST: Final = "ELASTIC_ALLREDUCE_HOST"
 #: `elastic-run join`: the network interface Gloo uses when no --gloo-iface is given.

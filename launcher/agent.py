@@ -104,6 +104,9 @@ class AgentSettings(NodeTemplate):
     """What one agent needs: its job's node template and its own node id."""
 
     node_id: str
+    #: Started by the launcher (it may replace a lost node whose member key has not expired
+    #: yet): the --max-workers check of a node that joins by itself is skipped.
+    provisioned: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class Agent:
             raise ConfigError(
                 f"node id {settings.node_id!r} is already a member of job {settings.job_id!r}"
             )
-        full = self._over_max_workers(key, max_workers)
+        full = None if settings.provisioned else self._over_max_workers(key, max_workers)
         if full is not None:
             lease.revoke()
             if rejoining:

@@ -378,6 +378,7 @@ def _run_join(args: argparse.Namespace) -> int:
             host=host,
             gloo_iface=iface,
             lease_ttl=config.settings.lease_ttl,
+            provisioned=os.environ.get(env.PROVISIONED) == "1",
         )
     )
     print(

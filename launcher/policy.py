@@ -224,7 +224,9 @@ LOST_LEASE_GRACE: Final = 1.0
 def parked_nodes(members: Mapping[str, Member], holders: Set[str]) -> frozenset[str]:
     """The nodes to leave out of the ring so that every pair of the others reaches each other.
 
-    A pair is cut when either side's probes fail to reach the other. Nodes are kept greedily:
+    A pair is cut when each side's probes fail to reach the other: a report from one side only
+    means the other is dead or cut off from etcd too (its record can no longer change), which its
+    leases handle; parking on it could leave out the survivor of a crash. Nodes are kept greedily:
     first the holders of the newest commit, then the nodes in fewest cut pairs (so a node cut
     off from many goes, not the many), then the nodes with more ranks, then the earliest
     registered; a node is kept when it is cut from none of those kept before it.
@@ -233,7 +235,7 @@ def parked_nodes(members: Mapping[str, Member], holders: Set[str]) -> frozenset[
         frozenset((node, peer))
         for node, member in members.items()
         for peer in member.unreachable
-        if peer in members and peer != node
+        if peer in members and peer != node and node in members[peer].unreachable
     }
     if not cut:
         return frozenset()

@@ -415,23 +415,31 @@ def test_nodes_that_cannot_reach_each_other_are_split_keeping_the_larger_side() 
     members = {
         n: Member(n, 1, False, i, frozenset(cut))
         for i, (n, cut) in enumerate(
-            [("a", {"c"}), ("b", {"c"}), ("c", set())]  # c is cut off from a and b
+            [("a", {"c"}), ("b", {"c"}), ("c", {"a", "b"})]  # c is cut off from a and b
         )
     }
     assert parked_nodes(members, holders=set()) == {"c"}
     # One cut pair: the later registered goes, unless only it holds the newest commit.
-    pair = {"a": Member("a", 1, False, 1, frozenset({"b"})), "b": Member("b", 1, False, 2)}
+    pair = {
+        "a": Member("a", 1, False, 1, frozenset({"b"})),
+        "b": Member("b", 1, False, 2, frozenset({"a"})),
+    }
     assert parked_nodes(pair, holders=set()) == {"b"}
     assert parked_nodes(pair, holders={"b"}) == {"a"}
     # A node with more ranks is kept before one with fewer.
-    pair["b"] = Member("b", 4, False, 2)
+    pair["b"] = Member("b", 4, False, 2, frozenset({"a"}))
     assert parked_nodes(pair, holders=set()) == {"a"}
+    # Only one side reports: the other is dead (its record is stale); its leases decide.
+    pair["b"] = Member("b", 4, False, 2)
+    assert parked_nodes(pair, holders=set()) == set()
     assert parked_nodes({"a": Member("a", 1, False, 1, frozenset({"gone"}))}, set()) == set()
 
 
 def test_a_node_that_cannot_reach_a_peer_leaves_the_ring_free_and_rejoins() -> None:
     policy, world, _ = started_job(count=3, max_restarts=0)
     world.members["n0"] = Member("n0", 1, False, 1, frozenset({"n2"}))
+    assert of(WriteRing, step(policy, world)) == []  # one side only: nothing yet
+    world.members["n2"] = Member("n2", 1, False, 3, frozenset({"n0"}))
     decisions = step(policy, world)
     assert any("node n2 and n0 cannot reach each other" in d.message for d in of(Log, decisions)), (
         decisions
@@ -449,6 +457,7 @@ def test_a_node_that_cannot_reach_a_peer_leaves_the_ring_free_and_rejoins() -> N
     assert policy.restarts_used == 0 and policy.failure is None
     # The probes succeed again: the waiting process joins at the next resize.
     world.members["n0"] = Member("n0", 1, False, 1)
+    world.members["n2"] = Member("n2", 1, False, 3)
     decisions = step(policy, world)
     assert any("node n2 reaches every peer again" in d.message for d in of(Log, decisions))
     ring = [d.ring for d in of(WriteRing, decisions)][-1]

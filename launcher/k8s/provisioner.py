@@ -246,6 +246,7 @@ class KubernetesProvisioner(Provisioner):
             env.ETCD_ENDPOINTS: {"value": settings.etcd},
             env.JOB_ID: {"value": settings.job_id},
             env.NODE_ID: {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            env.PROVISIONED: {"value": "1"},
             env.HOST: {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         }
         kept = [e for e in container.get("env") or [] if e.get("name") not in ours]

@@ -26,7 +26,7 @@ class LocalProvisioner(Provisioner):
         started = []
         for _ in range(count):
             node_id = f"n{next(self._numbers)}"
-            settings = self._template.for_node(node_id)
+            settings = dataclasses.replace(self._template.for_node(node_id), provisioned=True)
             payload = json.dumps(dataclasses.asdict(settings))
             # Own session: the launcher, not the terminal's Ctrl-C, decides when agents stop;
             # and an agent dies with the launcher even when the launcher is SIGKILLed.

@@ -142,6 +142,7 @@ def test_worker_pods_carry_labels_env_resources_scheduling_and_owner(
     assert [e["name"] for e in container["env"]].count(env.JOB_ID) == 1
     assert variables[env.NODE_ID]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert variables[env.HOST]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert variables[env.PROVISIONED]["value"] == "1"  # a replacement skips the max check
 
 
 def test_gpus_per_node_sets_the_gpu_limit(fake_kube: FakeKube, kube: Kube) -> None:
