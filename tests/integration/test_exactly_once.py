@@ -19,6 +19,7 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
+from elastic_allreduce.records.values import RingState
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (
     DATA_SCRIPT,
@@ -125,16 +126,32 @@ class Runner:
         node = self.victim(min_size).split(".")[0]
         os.kill(self.job.pid(keys.member(node)), signal.SIGTERM)
 
-    def join(self, min_size: int = 1) -> None:
+    def join(self, min_size: int = 1, *, until_admitted: bool = True) -> None:
+        """Start `elastic-run join`; with ``until_admitted``, return once its node trains in the
+        ring (so the next action does not race with a joiner still starting)."""
         env = {"ELASTIC_ALLREDUCE_SAMPLE_LOG": str(self.audit)}
-        self.jobs.append(join_job(self.etcd, self.job, env=env))
+        joiner = join_job(self.etcd, self.job, env=env)
+        self.jobs.append(joiner)
+        if not until_admitted:
+            return
+        node = f"j{joiner.proc.pid}."
+
+        def admitted() -> bool:
+            ring = read_job(self.job.store).ring
+            return (
+                ring is not None
+                and ring.record.state is RingState.RUNNING
+                and any(slot.startswith(node) for slot in ring.record.slots)
+            )
+
+        self.job.wait_for(admitted, 120, f"the joiner {node[:-1]} in the ring")
 
     def run(self, action: Action) -> None:
         if action.moment == "during-reform":
             assert action.what == "kill", action
             self.wait_for_moment("after-commit", action.min_size)
             formed = sum("forming epoch" in line for line in self.job.lines)
-            self.join()
+            self.join(until_admitted=False)
             self.job.wait_for(
                 lambda: sum("forming epoch" in line for line in self.job.lines) > formed,
                 90,
