@@ -107,6 +107,17 @@ def _met(flag: bool | None) -> str:
     return {True: "met", False: "**missed**", None: "—"}[flag]
 
 
+def _rate_table(what: str, rows: list[tuple[str, Any, Any, Any]]) -> list[str]:
+    """An A/B throughput table: steps/s, the training processes' CPU and the rest's, per side."""
+    return _table(
+        [what, "steps/s: median (min-max)", "CPU of the training processes", "the rest"],
+        [
+            [name, _stat(rate, "", 2), _stat(workers, "", 2), _stat(others, "", 3)]
+            for name, rate, workers, others in rows
+        ],
+    )
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -333,21 +344,11 @@ def _progress(item: dict[str, Any]) -> list[str]:
         "`elastic_allreduce.progress.report_step(step)` after every step); B: reporting off "
         f"(`{off_env}`: no beacon thread, no per-step call).",
         "",
-        *_table(
-            ["reporting", "steps/s: median (min-max)", "CPU of the training processes", "the rest"],
+        *_rate_table(
+            "reporting",
             [
-                [
-                    "A: on",
-                    _stat(item["reporting_on"], "", 2),
-                    _stat(cpu.get("on_workers"), "", 2),
-                    _stat(cpu.get("on_others"), "", 3),
-                ],
-                [
-                    "B: off",
-                    _stat(item["reporting_off"], "", 2),
-                    _stat(cpu.get("off_workers"), "", 2),
-                    _stat(cpu.get("off_others"), "", 3),
-                ],
+                ("A: on", item["reporting_on"], cpu.get("on_workers"), cpu.get("on_others")),
+                ("B: off", item["reporting_off"], cpu.get("off_workers"), cpu.get("off_others")),
             ],
         ),
         "",
@@ -547,21 +548,21 @@ def _multihost(item: dict[str, Any]) -> list[str]:
         "(the order swaps every round), a fresh job per round; the first test-hosts job then "
         "runs the faults above.",
         "",
-        *_table(
-            ["network", "steps/s: median (min-max)", "CPU of the training processes", "the rest"],
+        *_rate_table(
+            "network",
             [
-                [
+                (
                     "test hosts (veth + bridge)",
-                    _stat(rate["test_hosts"], "", 2),
-                    _stat(cpu.get("test_hosts_workers"), "", 2),
-                    _stat(cpu.get("test_hosts_others"), "", 3),
-                ],
-                [
+                    rate["test_hosts"],
+                    cpu.get("test_hosts_workers"),
+                    cpu.get("test_hosts_others"),
+                ),
+                (
                     "loopback",
-                    _stat(rate["loopback"], "", 2),
-                    _stat(cpu.get("loopback_workers"), "", 2),
-                    _stat(cpu.get("loopback_others"), "", 3),
-                ],
+                    rate["loopback"],
+                    cpu.get("loopback_workers"),
+                    cpu.get("loopback_others"),
+                ),
             ],
         ),
         "",
