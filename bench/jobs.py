@@ -56,6 +56,23 @@ class Record:
         return value if isinstance(value, str) else None
 
 
+def start_lines(command: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``command`` from the repository root in a session of its own, its stdout and stderr
+    merged into one unbuffered text stream of lines."""
+    return subprocess.Popen(
+        list(command),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        start_new_session=True,
+    )
+
+
 class LineJob:
     """A process group whose stdout lines are parsed into :class:`Record` s by a thread.
 
@@ -68,18 +85,7 @@ class LineJob:
         self.tail: deque[str] = deque(maxlen=40)  # last lines that are not records
         self.eof = False
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen(
-            self.command,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-        )
+        self.proc = start_lines(self.command, env)
         self._reader = threading.Thread(target=self._read, name="job-stdout", daemon=True)
         self._reader.start()
 

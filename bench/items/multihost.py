@@ -38,7 +38,6 @@ from bench.horovodrun_baseline import MANY_STEPS, WORKLOAD
 from bench.items.context import Context
 from bench.jobs import (
     ELASTIC_RUN,
-    ROOT,
     STARTUP_LIMIT_S,
     BenchError,
     LineJob,
@@ -46,6 +45,7 @@ from bench.jobs import (
     first_steps,
     log,
     process_tree,
+    start_lines,
     step_rate,
     summarize,
 )
@@ -142,17 +142,8 @@ class HostsJob(LineJob):
 
     def _join(self, host: Host, job_id: str) -> None:
         assert self.etcd is not None
-        proc = subprocess.Popen(
-            host.command([ELASTIC_RUN, "join", "--etcd", self.etcd, "--job-id", job_id]),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
+        proc = start_lines(
+            host.command([ELASTIC_RUN, "join", "--etcd", self.etcd, "--job-id", job_id])
         )
         self.joins.append(proc)
         reader = threading.Thread(target=self._read_join, args=(host.name, proc), daemon=True)
