@@ -15,8 +15,8 @@ import socket
 import time
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
+import tiny_model
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--server", required=True)
@@ -51,23 +51,7 @@ early = Connection()
 hvd.init()
 late = Connection()
 
-rng = np.random.default_rng(0)
-features = rng.normal(size=(64, 8)).astype("float32")
-labels = features @ np.arange(1, 9, dtype="float32")[:, None]
-model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(8,))])
-optimizer = tf.keras.optimizers.SGD(0.01)
-model.build((None, 8))
-optimizer.build(model.trainable_variables)
-
-
-@tf.function
-def train_step(x, y):
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(x) - y))
-    tape = hvd.DistributedGradientTape(tape)
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-    return loss
+model, optimizer, train_step = tiny_model.build()
 
 
 payload = tf.ones([args.payload]) if args.payload else None
@@ -100,7 +84,7 @@ def report(event: str, state) -> None:
 @hvd.elastic.run
 def train(state):
     while state.step < args.steps:
-        train_step(features, labels)
+        train_step()
         if payload is not None:
             hvd.allreduce(payload, name="payload")
         state.step += 1
