@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+import tiny_model
 
 import elastic_allreduce as ea
 
@@ -88,18 +89,7 @@ else:
     counts = [len(block) for block in blocks]
     data = ea.ElasticData.from_tfrecords(paths, parse, counts=counts, **options)
 
-model = tf.keras.Sequential([tf.keras.layers.Dense(1, kernel_initializer="zeros")])
-model.build((None, 5))
-optimizer = tf.keras.optimizers.SGD(0.1)
-optimizer.build(model.trainable_variables)
-
-
-@tf.function
-def train_step(x, y, loss_scale):
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(tf.square(model(x) - y)) * loss_scale
-    gradients = ea.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+model, optimizer, train_step = tiny_model.linear(inputs=5)
 
 
 def finished(state) -> bool:

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+import tiny_model
 
 import elastic_allreduce as ea
 
@@ -26,19 +27,7 @@ features = rng.normal(size=(args.samples, 5)).astype("float32")
 labels = (features @ rng.normal(size=(5, 1))).astype("float32")
 data = ea.ElasticData(features, labels, batch_per_rank=args.batch_per_rank, seed=9)
 
-model = tf.keras.Sequential([tf.keras.layers.Dense(1, kernel_initializer="zeros")])
-model.build((None, 5))
-optimizer = tf.keras.optimizers.SGD(0.1)
-optimizer.build(model.trainable_variables)
-
-
-@tf.function
-def train_step(x, y, loss_scale):
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(tf.square(model(x) - y)) * loss_scale
-    gradients = ea.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-    return loss
+model, optimizer, train_step = tiny_model.linear(inputs=5)
 
 
 state = ea.State(model, optimizer, epoch=0, position=0, step=0)

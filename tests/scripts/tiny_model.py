@@ -37,6 +37,25 @@ def build(warmup=True):
     return model, optimizer, step_fn
 
 
+def linear(inputs, learning_rate=0.1):
+    """(model, optimizer, train_step): a linear model from zeros, SGD, and a step on a batch of
+    ElasticData (``train_step(x, y, loss_scale)`` returns the scaled summed squared error)."""
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, kernel_initializer="zeros")])
+    model.build((None, inputs))
+    optimizer = tf.keras.optimizers.SGD(learning_rate)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def train_step(x, y, loss_scale):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(x) - y)) * loss_scale
+        gradients = ea.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+
+    return model, optimizer, train_step
+
+
 def checksum(variables):
     """The sum of every value of ``variables`` (equal on ranks that hold the same state)."""
     return round(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in variables), 6)
