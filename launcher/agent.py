@@ -13,6 +13,12 @@ is killed and reported like any exit, with a note in its output tail, so the lau
 as a hung process (restarted within ``--max-restarts``) about half a second after the stop
 instead of when its lease expires. The lease stays the signal for what an agent cannot see: a
 node that is dead, stopped as a whole or cut off.
+
+An agent that cannot renew its lease asks the launcher whether it still counts the node
+(``node_standing``): if so, etcd is away for everyone (an outage, which is weather) and the
+processes train on; when etcd returns having let the lease expire, the node registers again
+under a new lease, keeping its processes. Only a node the launcher no longer counts, or cannot
+be reached from, is cut off: it stops its processes (:meth:`Agent._fence`).
 """
 
 from __future__ import annotations
@@ -39,11 +45,12 @@ from typing import IO, Final
 from elastic_allreduce import env, logprefix
 from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.codec import JsonValue
-from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, StoreError
+from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, ProtocolError, StoreError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import slot_id
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
 from elastic_allreduce.records.values import (
+    DEFAULT_KEEP_CHECKPOINTS,
     Directive,
     ExitRecord,
     JobConfig,
@@ -52,7 +59,12 @@ from elastic_allreduce.records.values import (
     ProcRecord,
     Ring,
 )
-from elastic_allreduce.rendezvous.protocol import base_url, split_host_port
+from elastic_allreduce.rendezvous.protocol import (
+    NodeStanding,
+    base_url,
+    split_host_port,
+    standing_url,
+)
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.exit_codes import exit_code
@@ -67,6 +79,12 @@ _LEAVE: Final = "leave"
 STOPPED_LIMIT: Final = 0.5
 #: Seconds between two looks at the training processes' state.
 STATE_CHECK_INTERVAL: Final = 0.1
+#: Seconds between two questions to the launcher while the lease cannot be renewed.
+STANDING_INTERVAL: Final = 1.0
+#: Seconds between two log lines saying that the node rides out an etcd outage.
+OUTAGE_NOTE_INTERVAL: Final = 10.0
+#: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
+LEAVING_OUTAGE_WAIT: Final = 5.0
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
 _STOPPED_STATES: Final = frozenset({"T", "t"})
 
@@ -92,6 +110,8 @@ class NodeTemplate:
     start_timeout: float = 60.0
     #: The job's --tensorboard-dir (None: no summaries).
     tensorboard_dir: str | None = None
+    #: The job's --keep-checkpoints.
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
 
     def for_node(self, node_id: str) -> AgentSettings:
         """The settings of one node of this template."""
@@ -168,6 +188,10 @@ class Agent:
         self._member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
         self._prober = Prober(lambda unreachable: self._events.put(_Reach(unreachable)))
         self._listener: ProbeListener | None = None
+        self._outage_timeout = 0.0
+        self._next_standing = 0.0
+        self._standing: NodeStanding | None = None
+        self._next_outage_note = 0.0
         inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
         self._devices = slot_devices(inherited, settings.nproc_per_node)
         check_command(settings.command, settings.workdir)
@@ -187,7 +211,9 @@ class Agent:
                 f"unknown job {settings.job_id!r} at {self.store.describe()}: start it with "
                 "`elastic-run ...` first, or check --job-id and --etcd"
             )
-        max_workers = JobConfig.from_json(raw.key, raw.value).settings.max_workers
+        job_settings = JobConfig.from_json(raw.key, raw.value).settings
+        max_workers = job_settings.max_workers
+        self._outage_timeout = self.store.outage_timeout = job_settings.outage_timeout
         # Before registering: a SIGTERM right after registration must be a graceful leave.
         signal.signal(signal.SIGTERM, self._on_sigterm)
         listener = self._listener = ProbeListener(settings.host)
@@ -356,7 +382,8 @@ class Agent:
         changed = True
         while True:
             lease = self._lease
-            if lease is not None and (lease.lost or time.monotonic() > lease.safe_until):
+            overdue = lease is not None and (lease.lost or time.monotonic() > lease.safe_until)
+            if lease is not None and overdue and not self._ride_out(lease, rendezvous):
                 self._fence(time.monotonic() - lease.renewed_at)
                 return None
             if changed:
@@ -388,11 +415,64 @@ class Agent:
             changed = self._handle(cache, drain(self._events, timeout=self._wait_time()))
             self._kill_stopped()
 
+    def _ride_out(self, lease: Lease, rendezvous: str) -> bool:
+        """The lease could not be renewed for its TTL, or etcd let it expire: whether the node
+        carries on. It does when the launcher still counts it (etcd was away for everyone);
+        an expired lease is then replaced and the member record written again."""
+        now = time.monotonic()
+        if now >= self._next_standing:
+            self._next_standing = now + STANDING_INTERVAL
+            self._standing = ask_standing(rendezvous, self.settings.node_id)
+            if self._standing is None or not self._standing.member:
+                return False
+            if not lease.lost and now >= self._next_outage_note:
+                self._next_outage_note = now + OUTAGE_NOTE_INTERVAL
+                log.warning(
+                    "[%s node %s] no lease renewal for %.1f s, but the launcher still counts "
+                    "this node: etcd is away for everyone, training goes on",
+                    self.settings.job_id,
+                    self.settings.node_id,
+                    now - lease.renewed_at,
+                )
+        if self._standing is None or not self._standing.member:
+            return False
+        if lease.lost:
+            return self._register_again()
+        return True
+
+    def _register_again(self) -> bool:
+        """After etcd let the lease expire: the member record again, under a new lease."""
+        settings = self.settings
+        try:
+            lease = self.store.grant_lease(settings.lease_ttl)
+        except StoreError as exc:
+            log.warning("[%s node %s] %s", settings.job_id, settings.node_id, exc)
+            return False
+        if (
+            self.store.create(keys.member(settings.node_id), self._member.to_json(), lease=lease)
+            is None
+        ):
+            lease.revoke()
+            return False
+        self._lease = lease
+        self._standing = None
+        self._next_outage_note = 0.0
+        log.info(
+            "[%s node %s] etcd let this node's lease expire while it was away; registered "
+            "again under a new lease, processes kept",
+            settings.job_id,
+            settings.node_id,
+        )
+        return True
+
     def _wait_time(self) -> float:
         """How long the loop may wait for events: until the next look at the processes, and
-        no later than the moment the lease may have expired."""
+        no later than the moment the lease may have expired (then: the next question to the
+        launcher)."""
         now = time.monotonic()
         limit = 1.0 if self._lease is None else self._lease.safe_until - now + 0.01
+        if limit <= 0:
+            limit = self._next_standing - now
         if self._procs:
             limit = min(limit, self._next_state_check - now)
         return max(0.0, min(1.0, limit))
@@ -453,6 +533,8 @@ class Agent:
             return
         self._leaving = True
         self._leave_deadline = time.monotonic() + self.settings.leave_timeout
+        # Leaving during an etcd outage: say so if etcd answers soon, else just go.
+        self.store.outage_timeout = min(self.store.outage_timeout, LEAVING_OUTAGE_WAIT)
         self._member = replace(self._member, leaving=True)
         self.store.put(
             keys.member(self.settings.node_id), self._member.to_json(), lease=self._lease
@@ -512,19 +594,21 @@ class Agent:
                 env.SLOT: slot,
                 env.INCARNATION: str(incarnation),
                 env.PROCESS_TTL: str(settings.lease_ttl),
+                env.OUTAGE_TIMEOUT: str(self._outage_timeout),
                 env.HOROVOD_RENDEZVOUS_ADDR: address,
                 env.HOROVOD_RENDEZVOUS_PORT: str(port),
                 env.HOROVOD_HOSTNAME: slot,
                 "HOROVOD_CONTROLLER": "gloo",
                 "HOROVOD_CPU_OPERATIONS": "gloo",
                 "HOROVOD_GLOO_IFACE": settings.gloo_iface,
-                "CUDA_VISIBLE_DEVICES": self._devices[index],
+                env.GPU_INDEX: self._devices[index],
                 "PYTHONUNBUFFERED": "1",
             }
         )
         child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if settings.checkpoint_dir:
             child_env[env.CHECKPOINT_DIR] = settings.checkpoint_dir
+            child_env[env.KEEP_CHECKPOINTS] = str(settings.keep_checkpoints)
         if settings.tensorboard_dir:
             child_env[env.TENSORBOARD_DIR] = settings.tensorboard_dir
         command = [
@@ -649,22 +733,38 @@ def check_reachable(rendezvous: str, timeout: float = 5.0) -> None:
         ) from exc
 
 
-def slot_devices(inherited: str | None, nproc: int) -> list[str]:
-    """Each slot's ``CUDA_VISIBLE_DEVICES``: its index within the devices the node was given
-    (an inherited ``CUDA_VISIBLE_DEVICES``, as Slurm or a container runtime sets it), else the
-    index itself. ConfigError when the node was given fewer devices than it runs processes."""
-    if inherited is None:
-        return [str(index) for index in range(nproc)]
-    given = [device.strip() for device in inherited.split(",") if device.strip()]
-    if not given:
-        # An empty CUDA_VISIBLE_DEVICES hides every GPU: keep it so for every slot.
-        return [inherited] * nproc
-    if len(given) < nproc:
-        raise ConfigError(
-            f"this node was given {len(given)} GPUs (CUDA_VISIBLE_DEVICES={inherited}) but runs "
-            f"{nproc} training processes, one GPU each: lower --nproc-per-node or give it more"
+def ask_standing(rendezvous: str, node: str, timeout: float = 1.0) -> NodeStanding | None:
+    """The launcher's answer whether it counts ``node`` as a member; None when it cannot be
+    reached or answers nonsense (both mean: treat the node as cut off)."""
+    url = standing_url(rendezvous, node)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 - http://
+            return NodeStanding.decode(reply.read(64))
+    except (OSError, ProtocolError) as exc:
+        log.info(
+            "launcher at %s did not say whether node %s is a member: %s", rendezvous, node, exc
         )
-    return given[:nproc]
+        return None
+
+
+def slot_devices(inherited: str | None, nproc: int) -> list[str]:
+    """Each slot's GPU index (``ELASTIC_ALLREDUCE_GPU_INDEX``): its place among the GPUs the
+    node was given, which every slot keeps seeing -- an inherited ``CUDA_VISIBLE_DEVICES`` (as
+    Slurm or a container runtime sets it) stays as it is, because NCCL's peer-to-peer and
+    shared-memory transports need the peers' devices; :mod:`elastic_allreduce.gpu` limits
+    TensorFlow to the slot's. ``""`` for every slot when the node was given no GPU (an empty
+    ``CUDA_VISIBLE_DEVICES``). ConfigError when it was given fewer GPUs than it runs processes."""
+    if inherited is not None:
+        given = [device.strip() for device in inherited.split(",") if device.strip()]
+        if not given:
+            return [""] * nproc
+        if len(given) < nproc:
+            raise ConfigError(
+                f"this node was given {len(given)} GPUs (CUDA_VISIBLE_DEVICES={inherited}) but "
+                f"runs {nproc} training processes, one GPU each: lower --nproc-per-node or give "
+                "it more"
+            )
+    return [str(index) for index in range(nproc)]
 
 
 def check_command(command: Sequence[str], workdir: str | None) -> None:

@@ -373,6 +373,7 @@ def _run_join(args: argparse.Namespace) -> int:
             nproc_per_node=nproc,
             command=config.command,
             checkpoint_dir=config.checkpoint_dir,
+            keep_checkpoints=config.keep_checkpoints,
             workdir=config.workdir,
             tensorboard_dir=config.tensorboard_dir,
             host=host,
@@ -572,6 +573,7 @@ def _run_job(args: argparse.Namespace) -> int:
             checkpoint_dir=(
                 os.path.abspath(options.checkpoint_dir) if options.checkpoint_dir else None
             ),
+            keep_checkpoints=options.keep_checkpoints,
             workdir=workdir,
             tensorboard_dir=tensorboard_dir,
             host=host,

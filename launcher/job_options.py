@@ -23,7 +23,7 @@ from typing import Final
 
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.keys import validate_job_id
-from elastic_allreduce.records.values import JobSettings
+from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, JobSettings
 
 DEFAULT_WORKERS: Final = 2
 DEFAULT_MIN_WORKERS: Final = 1
@@ -37,6 +37,7 @@ MIN_HANG_TIMEOUT: Final = 10.0
 DEFAULT_LEASE_TTL: Final = 3
 DEFAULT_STUCK_TIMEOUT: Final = 5.0
 DEFAULT_RESIZE_TIMEOUT: Final = 60.0
+DEFAULT_OUTAGE_TIMEOUT: Final = 300.0
 
 #: Title of the argument group of the job flags in every command's --help.
 GROUP_TITLE: Final = "job options"
@@ -66,6 +67,10 @@ class JobOptions:
     stuck_timeout: float = DEFAULT_STUCK_TIMEOUT
     #: Seconds the members of a resize epoch have to reach their next commit.
     resize_timeout: float = DEFAULT_RESIZE_TIMEOUT
+    #: Seconds the control plane waits out an unreachable etcd before the job fails.
+    outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT
+    #: Checkpoints kept in the job's checkpoint folder (at least 1).
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
 
 
 def new_job_id() -> str:
@@ -176,11 +181,30 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         f"{_number(DEFAULT_RESIZE_TIMEOUT)})",
     )
     group.add_argument(
+        "--outage-timeout",
+        type=float,
+        default=DEFAULT_OUTAGE_TIMEOUT,
+        metavar="S",
+        help="seconds the launcher, agents and training processes wait out an unreachable "
+        "etcd (restart, leader election, lost quorum) while training goes on, before the job "
+        f"fails (default {_number(DEFAULT_OUTAGE_TIMEOUT)}; must be above --stuck-timeout)",
+    )
+    group.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
-        help="where elastic_allreduce.State writes periodic checkpoints (the job resumes from "
-        "the newest one when every worker died); on Kubernetes an absolute path that every "
+        help="where elastic_allreduce.State writes periodic checkpoints, under DIR/JOB-ID/ (the "
+        "job resumes from the newest usable one when every worker died; a failed write, such "
+        "as a full disk, is skipped with a warning); on Kubernetes an absolute path that every "
         "worker pod mounts",
+    )
+    group.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=DEFAULT_KEEP_CHECKPOINTS,
+        metavar="K",
+        help="checkpoints kept in the job's folder, newest first: loading falls back to an "
+        "older one when the newest is unreadable (default "
+        f"{DEFAULT_KEEP_CHECKPOINTS}; at least 1; the folder needs room for K+1)",
     )
 
 
@@ -218,6 +242,8 @@ def job_options(
     lease_ttl: int = DEFAULT_LEASE_TTL,
     stuck_timeout: float = DEFAULT_STUCK_TIMEOUT,
     resize_timeout: float = DEFAULT_RESIZE_TIMEOUT,
+    outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -236,6 +262,8 @@ def job_options(
             lease_ttl=lease_ttl,
             stuck_timeout=float(stuck_timeout),
             resize_timeout=float(resize_timeout),
+            outage_timeout=float(outage_timeout),
+            keep_checkpoints=keep_checkpoints,
         )
     )
 
@@ -258,6 +286,8 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         lease_ttl=args.lease_ttl,
         stuck_timeout=args.stuck_timeout,
         resize_timeout=args.resize_timeout,
+        outage_timeout=args.outage_timeout,
+        keep_checkpoints=args.keep_checkpoints,
     )
 
 
@@ -294,6 +324,11 @@ def validate(options: JobOptions) -> JobOptions:
     _validate_timeouts(options)
     if options.checkpoint_dir is not None and not options.checkpoint_dir.strip():
         raise ConfigError("--checkpoint-dir is empty: give a directory, or leave the flag out")
+    if options.keep_checkpoints < 1:
+        raise ConfigError(
+            f"--keep-checkpoints must be at least 1, got {options.keep_checkpoints}: the job "
+            "keeps the newest K checkpoints"
+        )
     if not options.command:
         raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
     validate_job_id(options.job_id)
@@ -302,8 +337,8 @@ def validate(options: JobOptions) -> JobOptions:
 
 def _validate_timeouts(options: JobOptions) -> None:
     """The timeouts must be in this order: lease TTL < stuck timeout < resize timeout, and the
-    hang timeout (unless 0) above the stuck timeout; each one handles what the shorter ones
-    before it could not."""
+    hang and outage timeouts (the hang timeout unless 0) above the stuck timeout; each one
+    handles what the shorter ones before it could not."""
     ttl, stuck, resize = options.lease_ttl, options.stuck_timeout, options.resize_timeout
     if ttl < 1:
         raise ConfigError(f"--lease-ttl must be at least 1 second, got {ttl}")
@@ -316,6 +351,12 @@ def _validate_timeouts(options: JobOptions) -> None:
         raise ConfigError(
             f"--resize-timeout ({_number(resize)} s) must be longer than --stuck-timeout "
             f"({_number(stuck)} s)"
+        )
+    outage = options.outage_timeout
+    if not (math.isfinite(outage) and outage > stuck):
+        raise ConfigError(
+            f"--outage-timeout ({_number(outage)} s) must be longer than --stuck-timeout "
+            f"({_number(stuck)} s): an etcd outage is waited out, not taken for dead nodes"
         )
     hang = options.hang_timeout
     if not (math.isfinite(hang) and (hang == 0 or hang >= max(MIN_HANG_TIMEOUT, stuck))):
@@ -338,6 +379,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         lease_ttl=options.lease_ttl,
         stuck_timeout=options.stuck_timeout,
         resize_timeout=options.resize_timeout,
+        outage_timeout=options.outage_timeout,
     )
 
 
@@ -370,9 +412,13 @@ def to_args(options: JobOptions) -> list[str]:
         _number(options.stuck_timeout),
         "--resize-timeout",
         _number(options.resize_timeout),
+        "--outage-timeout",
+        _number(options.outage_timeout),
     ]
     if options.checkpoint_dir is not None:
         args += ["--checkpoint-dir", options.checkpoint_dir]
+    if options.keep_checkpoints != DEFAULT_KEEP_CHECKPOINTS:
+        args += ["--keep-checkpoints", str(options.keep_checkpoints)]
     return [*args, "--", *options.command]
 
 

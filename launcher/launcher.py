@@ -6,6 +6,15 @@ initial nodes, then loops: read the job from the store and the rendezvous, let
 :class:`launcher.policy.RingPolicy` and the hang watchdog (:mod:`launcher.watchdog`) decide,
 execute the decisions. The members' progress, reported to the rendezvous server, is written to
 ``status/ranks`` every few seconds.
+
+An etcd outage is weather: store calls retry for up to ``--outage-timeout`` while the ranks go
+on training (they need no launcher until membership changes). etcd lets every lease expire
+when it was away for longer than the TTL, so for a while after such an outage the launcher
+holds back its decisions about vanished member and process records (:class:`_OutageHold`):
+the agents and processes that lived through it register again, the same node or process
+keeps its place, and only the records that stay gone are handled as deaths. The launcher's
+own leader key is created again under a new lease; if another launcher leads the job by
+then, this one stops without writing anything (:class:`LeadershipLostError`).
 """
 
 from __future__ import annotations
@@ -18,7 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
-from elastic_allreduce.errors import ConfigError, MalformedValueError, StoreError
+from elastic_allreduce.errors import (
+    ConfigError,
+    ElasticAllreduceError,
+    MalformedValueError,
+    StoreError,
+    StoreUnavailableError,
+)
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
 from elastic_allreduce.records.values import (
@@ -34,7 +49,7 @@ from elastic_allreduce.records.values import (
     RingState,
 )
 from elastic_allreduce.rendezvous.protocol import Admission, host_port
-from elastic_allreduce.store import EtcdStore, Lease
+from elastic_allreduce.store import EtcdStore, KeyValue, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.agent import NodeTemplate
 from launcher.observe import tensorboard
@@ -76,6 +91,8 @@ RANKS_INTERVAL: Final = 2.0
 #: collective, each cut to this many characters -- an etcd value is at most 1.5 MiB.
 STORED_STACKS: Final = 8
 STORED_STACK_CHARS: Final = 32 * 1024
+#: Seconds a launcher asked to stop waits for etcd to record that (not --outage-timeout).
+STOPPING_OUTAGE_WAIT: Final = 5.0
 
 
 def _for_the_store(record: HangRecord) -> HangRecord:
@@ -86,6 +103,42 @@ def _for_the_store(record: HangRecord) -> HangRecord:
         for r in record.ranks
     )
     return replace(record, ranks=ranks)
+
+
+class LeadershipLostError(ElasticAllreduceError):
+    """Another launcher leads the job now: this one stopped acting (it writes nothing)."""
+
+
+class _OutageHold:
+    """Member and process records that vanished right after an etcd outage, held back.
+
+    A record is a node or process that lived through the outage until its holder registered
+    again or the hold ends; the same holder (same pid) keeps its first registration revision,
+    so the policy's order of members does not change. Pure bookkeeping on the loop's thread.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.until = 0.0
+        self._last: dict[str, KeyValue] = {}
+        self._first_revision: dict[tuple[str, int | None], int] = {}
+
+    def outage(self, now: float) -> None:
+        """The store was (or is) away: hold records until ``seconds`` from now."""
+        self.until = max(self.until, now + self.seconds)
+
+    def items(self, current: dict[str, KeyValue], now: float) -> dict[str, KeyValue]:
+        """``current`` plus, while holding, the records it lost since the last call."""
+        if now < self.until:
+            for key, kv in self._last.items():
+                if key not in current and key.startswith((keys.MEMBERS, keys.PROCS)):
+                    current[key] = kv
+        self._last = current
+        return current
+
+    def registered(self, key: str, pid: int | None, create_revision: int) -> int:
+        """The revision a holder first registered ``key`` at (kept across re-registrations)."""
+        return self._first_revision.setdefault((key, pid), create_revision)
 
 
 @dataclass(frozen=True)
@@ -142,7 +195,9 @@ class Launcher:
         #: Events file, metrics and dashboard (launcher.observe); None: nothing observed.
         self.observer = observer
         self._dashboard: DashboardServer | None = None
-        self.store = EtcdStore(settings.etcd, settings.job_id)
+        self.store = EtcdStore(
+            settings.etcd, settings.job_id, outage_timeout=settings.job.outage_timeout
+        )
         #: Wakes the control loop: store changes (from the cache) and rendezvous arrivals.
         self._inbox: queue.Queue[object] = queue.Queue()
         self.board = ReadinessBoard(on_change=lambda: self._inbox.put("rendezvous"))
@@ -156,6 +211,11 @@ class Launcher:
         self._ring_revision = 0
         self._epoch = 0
         self._skips = SkipReporter()
+        self._lease: Lease | None = None
+        self._leader_record = LeaderRecord(None)
+        #: Long enough for every survivor of an outage to notice its lost lease (TTL) and
+        #: register again.
+        self._hold = _OutageHold(2.0 * settings.job.lease_ttl + 2.0)
 
     def run(self) -> JobResult:
         """Lead the job until it succeeds or fails.
@@ -163,15 +223,21 @@ class Launcher:
         Once this launcher owns the job, however it stops, ``status/job`` says so: an
         interrupt fails the job with that reason, and an error is recorded before it is raised.
         """
-        lease = self.store.grant_lease(self.settings.job.lease_ttl)
+        lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
         try:
             self._become_leader(lease)
             self._write_config()
             try:
                 return self._lead(lease)
             except KeyboardInterrupt:
+                # Asked to stop: record it, but do not wait out a long etcd outage for that.
+                self.store.outage_timeout = min(self.store.outage_timeout, STOPPING_OUTAGE_WAIT)
                 return self._fail("interrupted (SIGINT or SIGTERM to elastic-run)")
+            except LeadershipLostError:
+                raise
             except Exception as exc:
+                if isinstance(exc, StoreUnavailableError):
+                    self.store.outage_timeout = 0.0  # it stayed away past the deadline
                 self._fail(f"the launcher stopped: {exc}")
                 raise
         finally:
@@ -181,7 +247,9 @@ class Launcher:
                 self._dashboard.stop()
             if self.observer is not None:
                 self.observer.close()
-            lease.revoke()
+            if self._lease is not None:
+                with contextlib.suppress(StoreError):
+                    self._lease.revoke()
             self.store.close()
 
     def stop(self, reason: str) -> None:
@@ -193,7 +261,8 @@ class Launcher:
         port = self.rendezvous.start()
         rendezvous = host_port(self.settings.rendezvous_host, port)
         dashboard = self._serve_dashboard()
-        self.store.put(keys.LEADER, LeaderRecord(rendezvous, dashboard).to_json(), lease=lease)
+        self._leader_record = LeaderRecord(rendezvous, dashboard)
+        self.store.put(keys.LEADER, self._leader_record.to_json(), lease=lease)
         self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
         policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
         self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
@@ -258,6 +327,7 @@ class Launcher:
             nodes.checkpoint_dir,
             nodes.workdir,
             nodes.tensorboard_dir,
+            nodes.keep_checkpoints,
         )
         self.store.put(keys.JOB_CONFIG, config.to_json())
 
@@ -270,8 +340,10 @@ class Launcher:
                     if isinstance(item, _Stop):
                         return self._fail(item.reason)
                     cache.apply(item)
+                self._check_leadership()
                 self.rendezvous.resend_pending()
-                job = parse_job(cache.items().values(), cache.revision)
+                items = self._hold.items(dict(cache.items()), time.monotonic())
+                job = parse_job(items.values(), cache.revision)
                 self._report_skipped(job)
                 if self.observer is not None:
                     self.observer.update(job, policy.target_workers, policy.restarts_used)
@@ -286,8 +358,36 @@ class Launcher:
                     if result is not None:
                         return result
                 self._write_ranks(policy)
+                self.rendezvous.members = frozenset(view.members)
+                self.rendezvous.epoch = self._epoch
         finally:
             cache.close()
+
+    def _check_leadership(self) -> None:
+        """After an etcd outage: hold back decisions about vanished records, and lead again
+        under a new lease if etcd let this one expire (LeadershipLostError if another launcher
+        took the job meanwhile)."""
+        lease = self._lease
+        assert lease is not None
+        now = time.monotonic()
+        if now > lease.safe_until:
+            self._hold.outage(now)
+        if not lease.lost:
+            return
+        lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
+        if self.store.create(keys.LEADER, self._leader_record.to_json(), lease=lease) is None:
+            lease.revoke()
+            self._lease = None
+            raise LeadershipLostError(
+                f"job {self.settings.job_id}: this launcher's lease expired and another "
+                "launcher leads the job now; this one stopped without writing anything"
+            )
+        self._hold.outage(time.monotonic())
+        self._log(
+            "etcd let this launcher's lease expire while it was away; leading again under a "
+            "new lease (holding back decisions about vanished members for "
+            f"{self._hold.seconds:.0f} s)"
+        )
 
     def _watch(self, policy: RingPolicy, view: JobView) -> list[Decision]:
         """The hang watchdog's look at the ring; its findings become the policy's decisions."""
@@ -359,11 +459,12 @@ class Launcher:
             self.observer.ranks(record)
 
     def _view(self, job: JobSnapshot) -> JobView:
+        hold = self._hold
         procs = {
             slot: Proc(
                 slot,
                 stored.record.incarnation,
-                stored.create_revision,
+                hold.registered(stored.key, stored.record.pid, stored.create_revision),
                 finished=stored.record.phase is ProcPhase.FINISHED,
             )
             for slot, stored in job.procs.items()
@@ -373,7 +474,7 @@ class Launcher:
                 node,
                 stored.record.slots,
                 stored.record.leaving,
-                stored.create_revision,
+                hold.registered(stored.key, stored.record.pid, stored.create_revision),
                 frozenset(stored.record.unreachable),
             )
             for node, stored in job.members.items()

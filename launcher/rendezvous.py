@@ -145,6 +145,13 @@ class RendezvousService:
         self._pending: dict[str, _Pending] = {}
         self._clients_lock = threading.Lock()
         self.port = 0
+        #: The launcher's answer to ``node_standing`` (set by its loop; read by server threads).
+        self.members: frozenset[str] = frozenset()
+        self.epoch = 0
+
+    def standing(self, node: str) -> protocol.NodeStanding:
+        """Whether the launcher counts ``node`` as a member now (see :attr:`members`)."""
+        return protocol.NodeStanding(self.epoch, node in self.members)
 
     def start(self) -> int:
         """Start serving on a free port (all interfaces); return the port."""
@@ -233,6 +240,8 @@ def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
             if scope == protocol.ELASTIC_EPOCH:
                 epoch = service.board.admitted_epoch(key)
                 return None if epoch is None else protocol.encode_epoch(epoch)
+            if scope == protocol.NODE_STANDING:
+                return service.standing(key).encode()
             if scope == protocol.ELASTIC_READY:
                 answer = service.board.wait(key, WaitKind.FRESH, service.wait_timeout)
                 return protocol.encode_admission(answer)

@@ -18,8 +18,10 @@ from launcher.agent import check_command, resolve_command, slot_devices
 
 
 def test_each_slot_gets_its_index_within_the_devices_the_node_was_given() -> None:
-    assert slot_devices("4,5,6,7", 2) == ["4", "5"]
-    assert slot_devices("GPU-a1b2, GPU-c3d4", 2) == ["GPU-a1b2", "GPU-c3d4"]
+    # Indices among the visible GPUs (CUDA numbers them 0.. within CUDA_VISIBLE_DEVICES), which
+    # every slot keeps seeing: the agent no longer narrows CUDA_VISIBLE_DEVICES per slot.
+    assert slot_devices("4,5,6,7", 2) == ["0", "1"]
+    assert slot_devices("GPU-a1b2, GPU-c3d4", 2) == ["0", "1"]
     assert slot_devices(None, 3) == ["0", "1", "2"]
     assert slot_devices("", 2) == ["", ""]  # no GPU for anyone stays so
 

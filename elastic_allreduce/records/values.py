@@ -26,6 +26,8 @@ NOT_ADMITTED_EXIT_CODE: Final = 75
 #: (StateMismatchError: different models on different ranks): the job fails at once, since a
 #: restart would meet the same mismatch.
 STATE_MISMATCH_EXIT_CODE: Final = 76
+#: Checkpoints of ``elastic_allreduce.State`` kept in a job's folder (--keep-checkpoints).
+DEFAULT_KEEP_CHECKPOINTS: Final = 2
 
 Scalar: TypeAlias = bool | int | float | str
 
@@ -190,6 +192,9 @@ class JobSettings:
     #: TTL in seconds of every lease (agents, training processes, the launcher): how long a
     #: dead or cut-off node or process stays a member.
     lease_ttl: int = 3
+    #: Seconds the launcher, agents and training processes wait out an unreachable store
+    #: before they give up (and the job fails).
+    outage_timeout: float = 300.0
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -203,6 +208,7 @@ class JobSettings:
             "resize_timeout": self.resize_timeout,
             "hang_timeout": self.hang_timeout,
             "lease_ttl": self.lease_ttl,
+            "outage_timeout": self.outage_timeout,
         }
 
     @classmethod
@@ -219,6 +225,7 @@ class JobSettings:
             resize_timeout=fields.number("resize_timeout", 60.0),
             hang_timeout=fields.number("hang_timeout", 300.0),
             lease_ttl=fields.opt_integer("lease_ttl", minimum=1) or 3,
+            outage_timeout=fields.number("outage_timeout", 300.0),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(
@@ -231,14 +238,16 @@ class JobSettings:
 @dataclass(frozen=True)
 class JobConfig:
     """``config/job``: the job's settings, its training command, checkpoint directory, the
-    working directory its training processes run in (None: the agent's own) and the directory
-    of its TensorBoard summaries (None: none)."""
+    working directory its training processes run in (None: the agent's own), the directory
+    of its TensorBoard summaries (None: none) and how many checkpoints to keep (a value
+    without the field, from an older version, keeps the default)."""
 
     settings: JobSettings
     command: tuple[str, ...]
     checkpoint_dir: str | None = None
     workdir: str | None = None
     tensorboard_dir: str | None = None
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
 
     def to_json(self) -> JsonValue:
         return {
@@ -247,6 +256,7 @@ class JobConfig:
             "checkpoint_dir": self.checkpoint_dir,
             "workdir": self.workdir,
             "tensorboard_dir": self.tensorboard_dir,
+            "keep_checkpoints": self.keep_checkpoints,
         }
 
     @classmethod
@@ -261,6 +271,7 @@ class JobConfig:
             fields.opt_text("checkpoint_dir"),
             fields.opt_text("workdir"),
             fields.opt_text("tensorboard_dir"),
+            fields.opt_integer("keep_checkpoints", minimum=1) or DEFAULT_KEEP_CHECKPOINTS,
         )
 
 

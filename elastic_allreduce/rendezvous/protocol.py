@@ -9,6 +9,8 @@ Gloo's own key-value scopes:
 * ``GET /elastic_ready/<slot>`` -- the same barrier for a fresh process; the reply is the epoch
   followed by the six ints: ``"<epoch>,<rank>,<size>,..."``.
 * ``GET /elastic_epoch/<slot>`` -- the epoch the slot was last admitted to: ``"<epoch>"``.
+* ``GET /node_standing/<node>`` -- whether the launcher still counts a node as a member
+  (:class:`NodeStanding`): an agent that lost etcd asks before it stops its processes.
 * ``PUT /worker_addresses/<slot>:0`` -- a worker's notification service address.
 * ``PUT /progress/<slot>`` -- a training process's progress (:class:`ProgressReport`, JSON),
   about once a second; the reply (:class:`ProgressReply`) may ask for its stacks.
@@ -41,6 +43,7 @@ ELASTIC_EPOCH: Final = "elastic_epoch"
 WORKER_ADDRESSES: Final = "worker_addresses"
 PROGRESS: Final = "progress"
 STACKS: Final = "stacks"
+NODE_STANDING: Final = "node_standing"
 
 #: Horovod names a worker ``<hostname>:<local rank>``; every slot is a host with local rank 0.
 _LOCAL_RANK_SUFFIX: Final = ":0"
@@ -108,6 +111,32 @@ def encode_epoch(epoch: int) -> bytes:
 def decode_epoch(body: bytes) -> int:
     """Parse an ``elastic_epoch`` reply; ProtocolError when it is not one int."""
     return _ints(body, "elastic_epoch", 1)[0]
+
+
+@dataclass(frozen=True)
+class NodeStanding:
+    """The launcher's view of one node: whether it still counts the node as a member (its
+    member record is current, or held back while etcd was away), at which ring epoch."""
+
+    epoch: int
+    member: bool
+
+    def encode(self) -> bytes:
+        """The ``node_standing`` reply: ``"<epoch>,<1|0>"``."""
+        return f"{self.epoch},{int(self.member)}".encode("ascii")
+
+    @classmethod
+    def decode(cls, body: bytes) -> NodeStanding:
+        """Parse a ``node_standing`` reply; ProtocolError when it is not an epoch and 0 or 1."""
+        epoch, member = _ints(body, NODE_STANDING, 2)
+        if member not in (0, 1) or epoch < 0:
+            raise ProtocolError(f"bad {NODE_STANDING} reply {body[:80]!r}: expected EPOCH,0|1")
+        return cls(epoch, bool(member))
+
+
+def standing_url(address: str, node: str) -> str:
+    """Where an agent asks whether the launcher still counts its node as a member."""
+    return f"{base_url(address)}/{NODE_STANDING}/{node}"
 
 
 def _ints(body: bytes, what: str, count: int) -> list[int]:

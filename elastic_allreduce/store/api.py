@@ -323,9 +323,12 @@ class Store(abc.ABC):
         prefix: str = "",
         *,
         start_revision: int | None = None,
-        give_up_after: float = 60.0,
+        give_up_after: float | None = None,
     ) -> Watch:
         """Watch every change under a relative prefix from ``start_revision``.
+
+        The watch reconnects for up to ``give_up_after`` seconds (None: the store's outage
+        timeout, at least 60 s) before :meth:`Watch.get` raises StoreUnavailableError.
 
         Without ``start_revision`` the watch starts after the current revision. Pass
         ``snapshot.revision + 1`` to continue exactly where a :meth:`get_prefix` left off.

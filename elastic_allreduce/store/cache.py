@@ -25,7 +25,7 @@ class PrefixCache:
         inbox: queue.Queue[object],
         prefix: str = "",
         *,
-        give_up_after: float = 60.0,
+        give_up_after: float | None = None,
     ) -> None:
         snapshot = store.get_prefix(prefix)
         self._items: dict[str, KeyValue] = dict(snapshot.as_dict())

@@ -12,6 +12,12 @@ CA given, the client certificate presented). With an etcd user, the transport si
 ``/v3/auth/authenticate`` and sends the token in the ``Authorization`` header of every request
 and watch stream; a token the server no longer knows (a restart, expiry) is renewed once and the
 request retried. TLS and auth refusals become one :class:`StoreAuthError` saying what to change.
+
+An outage is weather, not death: with ``outage_timeout`` (the job's ``--outage-timeout``), every
+unary call retries an unreachable etcd with backoff and jitter until that deadline, and watches
+keep reconnecting as long; lease keep-alives keep trying until the server says the lease is gone.
+A compare-and-swap whose earlier attempt may have been applied before its reply was lost checks
+whether the key now holds its value, so a retried write is never taken for someone else's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import http.client
 import json
 import logging
 import queue
+import random
 import socket
 import threading
 import time
@@ -59,6 +66,11 @@ log = logging.getLogger(__name__)
 API_PATH: Final = "/v3/"
 DEFAULT_PORT: Final = 2379
 _T = TypeVar("_T")
+#: First and longest pause between two attempts of a call while etcd is unreachable.
+RETRY_FIRST: Final = 0.05
+RETRY_LONGEST: Final = 2.0
+#: How long a watch keeps reconnecting when the store has no outage timeout.
+DEFAULT_WATCH_GIVE_UP: Final = 60.0
 
 
 @dataclass(frozen=True)
@@ -438,11 +450,16 @@ class EtcdStore(Store):
         root: str = DEFAULT_ROOT,
         request_timeout: float = 5.0,
         security: EtcdSecurity | None = None,
+        outage_timeout: float = 0.0,
     ) -> None:
         """``security``: TLS files and etcd user; None reads them from the environment
         (:meth:`EtcdSecurity.from_environment`), which is how the processes a command line
-        starts get its settings. ConfigError for a bad endpoint, file or combination."""
+        starts get its settings. ``outage_timeout``: seconds a call keeps retrying an
+        unreachable etcd (0: each endpoint is tried once, for commands that report at once).
+        ConfigError for a bad endpoint, file or combination."""
         super().__init__(job_id, root)
+        #: Seconds every call retries an unreachable etcd (settable once the job's is known).
+        self.outage_timeout = outage_timeout
         if isinstance(endpoints, str):
             endpoints = parse_endpoints(endpoints)
         if security is None:
@@ -451,6 +468,7 @@ class EtcdStore(Store):
         self._children: list[_EtcdLease | _EtcdWatch] = []
         self._children_lock = threading.Lock()
         self._closed = False
+        self._closing = threading.Event()
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -463,6 +481,47 @@ class EtcdStore(Store):
     def check(self) -> str:
         reply = self._transport.call("maintenance/status", {})
         return str(reply.get("version", "unknown"))
+
+    # -- calls through an outage ---------------------------------------------------------------
+
+    def _call(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        return self._retrying(lambda: self._transport.call(path, payload))[0]
+
+    def _retrying(self, attempt: Callable[[], _T]) -> tuple[_T, bool]:
+        """``attempt()``, retried while etcd is unreachable for up to ``outage_timeout``
+        seconds; its result and whether an attempt failed first (it may have been applied)."""
+        deadline: float | None = None
+        pause = RETRY_FIRST
+        while True:
+            try:
+                result = attempt()
+            except StoreUnavailableError as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    if self.outage_timeout <= 0:
+                        raise
+                    deadline = now + self.outage_timeout
+                    log.warning(
+                        "job %s: %s; retrying for up to %.0f s",
+                        self.job_id,
+                        exc,
+                        self.outage_timeout,
+                    )
+                if now >= deadline or self._closing.is_set():
+                    raise StoreUnavailableError(
+                        f"{self.describe()} stayed unreachable for {self.outage_timeout:.0f} s "
+                        f"(--outage-timeout): {exc}"
+                    ) from exc
+                jitter = random.uniform(0.5, 1.0)  # noqa: S311 - spreads retries, no secret
+                self._closing.wait(min(pause * jitter, deadline - now))
+                pause = min(pause * 2, RETRY_LONGEST)
+                continue
+            if deadline is not None:
+                waited = time.monotonic() - (deadline - self.outage_timeout)
+                log.info(
+                    "job %s: %s answers again after %.1f s", self.job_id, self.describe(), waited
+                )
+            return result, deadline is not None
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -488,13 +547,13 @@ class EtcdStore(Store):
             )
 
     def get(self, key: str) -> KeyValue | None:
-        reply = self._transport.call("kv/range", {"key": _b64(self.absolute(key))})
+        reply = self._call("kv/range", {"key": _b64(self.absolute(key))})
         kvs = reply.get("kvs", [])
         return self._kv(kvs[0]) if kvs else None
 
     def get_prefix(self, prefix: str = "") -> Snapshot:
         start = self.absolute(prefix, allow_empty=True)
-        reply = self._transport.call(
+        reply = self._call(
             "kv/range",
             {"key": _b64(start), "range_end": _b64(prefix_end(start)), "sort_order": "ASCEND"},
         )
@@ -505,9 +564,7 @@ class EtcdStore(Store):
 
     def current_revision(self) -> int:
         """The store's revision now (cheap: counts nothing, returns the header)."""
-        reply = self._transport.call(
-            "kv/range", {"key": _b64(self.prefix), "count_only": True, "limit": 1}
-        )
+        reply = self._call("kv/range", {"key": _b64(self.prefix), "count_only": True, "limit": 1})
         return _int(reply["header"], "revision")
 
     # -- writes ------------------------------------------------------------------------------
@@ -522,7 +579,7 @@ class EtcdStore(Store):
         return request
 
     def put(self, key: str, value: JsonValue, *, lease: Lease | None = None) -> int:
-        reply = self._transport.call("kv/put", self._put_request(key, value, lease))
+        reply = self._call("kv/put", self._put_request(key, value, lease))
         return _int(reply["header"], "revision")
 
     def compare_and_swap(
@@ -534,19 +591,37 @@ class EtcdStore(Store):
         lease: Lease | None = None,
     ) -> int | None:
         request = self._put_request(key, value, lease)
-        reply = self._txn(request["key"], expected_mod_revision, {"request_put": request})
-        return _int(reply["header"], "revision") if reply.get("succeeded") else None
+        reply, retried = self._retrying(
+            lambda: self._txn(request["key"], expected_mod_revision, {"request_put": request})
+        )
+        if reply.get("succeeded"):
+            return _int(reply["header"], "revision")
+        if retried:
+            # An attempt whose reply was lost may have been applied: then the key holds exactly
+            # this value (and lease), written after the expected revision.
+            current = self.get(key)
+            if (
+                current is not None
+                and current.raw == codec.encode(value)
+                and current.lease == (lease.id if lease is not None else None)
+                and current.mod_revision > expected_mod_revision
+            ):
+                return current.mod_revision
+        return None
 
     def delete(self, key: str, *, expected_mod_revision: int | None = None) -> bool:
         b64_key = _b64(self.absolute(key))
         if expected_mod_revision is None:
-            reply = self._transport.call("kv/deleterange", {"key": b64_key})
+            reply = self._call("kv/deleterange", {"key": b64_key})
             return _int(reply, "deleted") > 0
-        reply = self._txn(
-            b64_key, expected_mod_revision, {"request_delete_range": {"key": b64_key}}
+        reply, retried = self._retrying(
+            lambda: self._txn(
+                b64_key, expected_mod_revision, {"request_delete_range": {"key": b64_key}}
+            )
         )
         if not reply.get("succeeded"):
-            return False
+            # A lost reply of an applied attempt: the key is gone.
+            return retried and self.get(key) is None
         responses = reply.get("responses", [{}])
         return _int(responses[0].get("response_delete_range", {}), "deleted") > 0
 
@@ -575,7 +650,7 @@ class EtcdStore(Store):
         if ttl < 1:
             raise ConfigError(f"lease TTL must be at least 1 second, got {ttl}")
         asked_at = time.monotonic()
-        reply = self._transport.call("lease/grant", {"TTL": str(ttl), "ID": "0"})
+        reply = self._call("lease/grant", {"TTL": str(ttl), "ID": "0"})
         if reply.get("error"):
             raise StoreError(f"{self.describe()} refused a lease of {ttl} s: {reply['error']}")
         lease = _EtcdLease(self, int(reply["ID"]), _int(reply, "TTL"), on_lost)
@@ -586,7 +661,7 @@ class EtcdStore(Store):
 
     def revoke_lease(self, lease_id: int) -> bool:
         try:
-            self._transport.call("kv/lease/revoke", {"ID": str(lease_id)})
+            self._call("kv/lease/revoke", {"ID": str(lease_id)})
         except LeaseLostError:
             return False
         return True
@@ -596,10 +671,12 @@ class EtcdStore(Store):
         prefix: str = "",
         *,
         start_revision: int | None = None,
-        give_up_after: float = 60.0,
+        give_up_after: float | None = None,
     ) -> Watch:
         if start_revision is None:
             start_revision = self.current_revision() + 1
+        if give_up_after is None:
+            give_up_after = max(DEFAULT_WATCH_GIVE_UP, self.outage_timeout)
         watch = _EtcdWatch(self, prefix, start_revision, give_up_after)
         self._adopt(watch)
         watch.start()
@@ -613,6 +690,7 @@ class EtcdStore(Store):
             self._children = [c for c in self._children if c.active] + [child]
 
     def close(self) -> None:
+        self._closing.set()
         with self._children_lock:
             self._closed = True
             children, self._children = self._children, []
@@ -669,20 +747,35 @@ class _EtcdLease(Lease):
         interval = max(self.ttl / 3.0, 0.1)
         retry = min(interval, 0.25)
         wait = interval
+        failing_since: float | None = None
         while not self._stop.wait(wait):
             asked_at = time.monotonic()
             try:
                 reply = self._store.transport.call("lease/keepalive", {"ID": str(self.id)})
             except StoreError as exc:
                 # Only the server decides that a lease expired; keep trying until it says so.
-                log.warning(
-                    "job %s: keep-alive of lease %x failed: %s", self._store.job_id, self.id, exc
-                )
+                if failing_since is None:
+                    failing_since = asked_at
+                    log.warning(
+                        "job %s: keep-alive of lease %x failed (trying again until etcd "
+                        "answers): %s",
+                        self._store.job_id,
+                        self.id,
+                        exc,
+                    )
                 wait = retry
                 continue
             if _int(reply.get("result", {}), "TTL") <= 0:
                 self._mark_lost("the server reports it expired")
                 return
+            if failing_since is not None:
+                log.info(
+                    "job %s: lease %x renewed again after %.1f s",
+                    self._store.job_id,
+                    self.id,
+                    asked_at - failing_since,
+                )
+                failing_since = None
             self.renewed_at = asked_at
             wait = interval
 

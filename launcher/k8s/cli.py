@@ -130,6 +130,12 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     ``elastic-run run`` and the training command."""
     parser.add_argument("--image", required=True, metavar="IMG", help="the elastic-allreduce image")
     parser.add_argument(
+        "--launcher-image",
+        metavar="IMG",
+        help="the launcher pod's image (default --image); for a GPU --image give the CPU image: "
+        "the launcher needs no GPU, and the GPU image is a pull of several GB",
+    )
+    parser.add_argument(
         "--namespace",
         default=DEFAULT_NAMESPACE,
         metavar="NS",
@@ -219,6 +225,7 @@ def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
         selector[key] = value
     return manifests.JobSpec(
         image=args.image,
+        launcher_image=args.launcher_image,
         job=job,
         namespace=args.namespace,
         cpu=args.cpu,

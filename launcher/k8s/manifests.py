@@ -17,6 +17,11 @@ resources, etcd, scheduling). ``render(JobSpec(...))`` returns, in the order to 
   The launcher Job runs ``elastic-run run --kubernetes`` with the job's flags
   (:func:`launcher.job_options.to_args`), so every job option reaches the launcher.
 
+For a GPU job (``gpus_per_node``) the worker template asks for the GPUs and sets NCCL's socket
+interface and TensorFlow's memory growth; the launcher, which needs no GPU, may run another
+image (``launcher_image``: the CPU image) and is given none by the NVIDIA runtime either way.
+Every worker's memory-backed ``/dev/shm`` has a size limit (docs/gpu.md says why for each).
+
 With ``https://`` etcd endpoints (the default), the launcher and every worker mount the job's
 Secret ``<job-id>-etcd-client`` (CA, client certificate and key, the password of the job's etcd
 user, which is named like the job) and pass them as ``--etcd-cacert/--etcd-cert/--etcd-key/
@@ -95,8 +100,27 @@ DEFAULT_METRICS_PORT: Final = 9090
 #: The image of the namespace's etcd (k8s/base and ``with_etcd``).
 ETCD_IMAGE: Final = "gcr.io/etcd-development/etcd:v3.5.21"
 
-#: Environment variables the launcher pod gets from the downward API, and the worker's Gloo
-#: interface (the pod network's interface in every common CNI).
+#: The worker pods' network interface: the pod network's in every common CNI. Gloo's and, on
+#: GPUs, NCCL's sockets use it; left to itself NCCL may take another interface (a secondary
+#: network's, an InfiniBand one) that the other pods cannot reach, and hang at its first use.
+POD_INTERFACE: Final = "eth0"
+
+#: The launcher needs no GPU: ``void`` makes the NVIDIA container runtime expose none to it,
+#: even where that runtime is the nodes' default and the image asks for all of them (NVIDIA's
+#: CUDA images set NVIDIA_VISIBLE_DEVICES=all). Workers get theirs from the device plugin.
+LAUNCHER_GPUS: Final = "void"
+
+
+def shm_size(gpus: int) -> str:
+    """The sizeLimit of a worker's memory-backed /dev/shm: 1 GiB per GPU, at least 1 GiB.
+    A container's default is 64 MiB; NCCL's shared-memory transport (buffers per pair of local
+    processes) and input pipelines need more (NVIDIA runs its deep-learning containers with
+    1 GB), and without a limit /dev/shm may grow to the pod's memory limit, or half the node's
+    memory where the kubelet does not size it. Its pages count against the memory limit."""
+    return f"{max(1, gpus)}Gi"
+
+
+#: Environment variables the launcher pod gets from the downward API.
 POD_ENV: Final = (
     (env.POD_NAME, "metadata.name"),
     (env.POD_UID, "metadata.uid"),
@@ -153,6 +177,9 @@ class JobSpec:
     image: str
     job: JobOptions
     namespace: str = DEFAULT_NAMESPACE
+    #: The launcher pod's image (default: ``image``); for a GPU job, the CPU image: the
+    #: launcher needs no GPU and a GPU image is a pull of several GB on a CPU node.
+    launcher_image: str | None = None
     cpu: str = "1"
     memory: str = "2Gi"
     etcd: str | None = None  # default: the namespace's etcd Service
@@ -173,6 +200,11 @@ class JobSpec:
         return self.job.job_id
 
     @property
+    def launcher_image_or_default(self) -> str:
+        """The launcher pod's image: ``launcher_image``, else the workers' ``image``."""
+        return self.launcher_image or self.image
+
+    @property
     def etcd_endpoints(self) -> str:
         return self.etcd or default_etcd_endpoints(self.etcd_tls)
 
@@ -189,11 +221,12 @@ class JobSpec:
                 f"invalid --namespace {self.namespace!r}: use at most 63 lowercase letters, "
                 "digits and '-', starting and ending with a letter or digit"
             )
-        if not self.image or any(ch.isspace() for ch in self.image):
-            raise ConfigError(
-                f"invalid --image {self.image!r}: give an image reference such as "
-                "registry.example.com/elastic-allreduce:0.1.0"
-            )
+        for flag, image in (("--image", self.image), ("--launcher-image", self.launcher_image)):
+            if image is not None and (not image or any(ch.isspace() for ch in image)):
+                raise ConfigError(
+                    f"invalid {flag} {image!r}: give an image reference such as "
+                    "registry.example.com/elastic-allreduce:0.1.0"
+                )
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ConfigError(
                 f"invalid --metrics-port {self.metrics_port}: give a TCP port (1-65535) for the "
@@ -274,12 +307,21 @@ def worker_pod(spec: JobSpec) -> Manifest:
     variables, and creates one such pod per worker node."""
     gpus = spec.job.gpus_per_node
     limits: dict[str, str | int] = {"memory": spec.memory}
+    variables = [{"name": env.GLOO_IFACE, "value": POD_INTERFACE}]
     if gpus:
         limits[GPU_RESOURCE] = gpus
-    variables = [{"name": env.GLOO_IFACE, "value": "eth0"}]
+        # NCCL's sockets on the pod network; TensorFlow takes GPU memory as it needs it, so
+        # that NCCL can re-create its communicators after every elastic reset. No
+        # NVIDIA_VISIBLE_DEVICES: the device plugin sets it to the pod's GPUs.
+        variables += [
+            {"name": env.NCCL_SOCKET_IFNAME, "value": POD_INTERFACE},
+            {"name": env.TF_FORCE_GPU_ALLOW_GROWTH, "value": "true"},
+        ]
     # NCCL and TensorFlow need more shared memory than a container's default 64 MiB.
     mounts: list[Manifest] = [{"name": "dshm", "mountPath": "/dev/shm"}]  # noqa: S108
-    volumes: list[Manifest] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    volumes: list[Manifest] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(gpus)}}
+    ]
     if spec.client_tls:
         variables += [{"name": name, "value": path} for _, name, path in _CLIENT_FILES]
         variables.append({"name": env.ETCD_USER, "value": spec.job_id})
@@ -384,12 +426,15 @@ def _launcher_job(spec: JobSpec) -> Manifest:
                     "containers": [
                         {
                             "name": "launcher",
-                            "image": spec.image,
+                            "image": spec.launcher_image_or_default,
                             "command": ["elastic-run"],
                             "args": launcher_args(spec),
                             "env": [
-                                {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-                                for name, path in POD_ENV
+                                *(
+                                    {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                                    for name, path in POD_ENV
+                                ),
+                                {"name": env.NVIDIA_VISIBLE_DEVICES, "value": LAUNCHER_GPUS},
                             ],
                             "resources": {
                                 "requests": {"cpu": "250m", "memory": "512Mi"},

@@ -295,6 +295,7 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-restarts", "2", "--checkpoint-dir", str(checkpoints)),
+        *("--keep-checkpoints", "1"),
         script=EA_SCRIPT,
         script_args=TRAIN,
     )
@@ -313,7 +314,12 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
     step = resumed[0].data["step"]
     assert 0 < step <= killed_at
     assert killed_at - step <= 2 * COMMIT_EVERY * 2
-    assert (checkpoints / "LATEST").exists()
+    # The job's own folder, the newest checkpoint only (--keep-checkpoints 1), no staging left.
+    folder = checkpoints / job.job_id
+    assert sorted(checkpoints.iterdir()) == [folder]
+    entries = sorted(p.name for p in folder.iterdir())
+    assert len(entries) == 2 and entries[0] == "LATEST", entries
+    assert entries[1] == (folder / "LATEST").read_text().strip()
     assert_consistent_finish(job, 2)
 
 

@@ -183,6 +183,22 @@ def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) 
     assert args[args.index("--nproc-per-node") + 1] == "2"  # one process per GPU by default
 
 
+def test_render_runs_the_launcher_on_its_own_image(capsys: pytest.CaptureFixture[str]) -> None:
+    # A GPU job's launcher needs no GPU: the CPU image spares a GPU image's pull (issue #20).
+    flags = ("--image", "ea:1-gpu", "--gpus-per-node", "1", "--job-id", "g")
+    code, out, _ = run(capsys, "k8s", "render", *flags, "--launcher-image", "ea:1", *COMMAND)
+    assert code == 0
+    objects = [doc for doc in yaml.safe_load_all(out) if doc]
+    job = next(o for o in objects if o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "ea:1"
+    template = yaml.safe_load(
+        next(o for o in objects if o["kind"] == "ConfigMap")["data"][naming.TEMPLATE_KEY]
+    )
+    assert template["spec"]["containers"][0]["image"] == "ea:1-gpu"
+    code, out, err = run(capsys, "k8s", "render", *flags, "--launcher-image", "a b", *COMMAND)
+    assert code == 2 and out == "" and "invalid --launcher-image 'a b'" in err
+
+
 def launcher_args(out: str) -> list[str]:
     """The launcher Job's `elastic-run` arguments in rendered YAML."""
     job = [doc for doc in yaml.safe_load_all(out) if doc and doc["kind"] == "Job"][-1]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 from elastic_allreduce.errors import ConfigError, StoreUnavailableError
 from elastic_allreduce.store import EmbeddedEtcd, Endpoint, EtcdStore, EventType, parse_endpoints
 from elastic_allreduce.store.embedded import free_port
+from elastic_allreduce.store.latest import LatestValueWriter
 from tests.conftest import StoreFactory, fresh_job_id
 from tests.store.test_contract import next_event
 
@@ -185,3 +188,89 @@ def test_parallel_clients_and_threads_share_one_store_safely(store_factory: Stor
         thread.join(timeout=30)
     assert errors == []
     assert len(store.get_prefix("members/")) == 40
+
+
+def test_calls_wait_out_an_outage_up_to_the_outage_timeout(
+    private_etcd: EmbeddedEtcd, private_store_factory: StoreFactory
+) -> None:
+    job = fresh_job_id()
+    patient = EtcdStore(private_etcd.endpoints_text, job, outage_timeout=30.0)
+    hasty = private_store_factory(job)
+    try:
+        private_etcd.stop()
+        with pytest.raises(StoreUnavailableError, match="is unreachable"):
+            hasty.put("k", 1)
+        # The put runs in a thread (etcd dies with the thread that starts it: PDEATHSIG).
+        revisions: list[int] = []
+        putter = threading.Thread(target=lambda: revisions.append(patient.put("k", 2)))
+        putter.start()
+        putter.join(timeout=1.5)
+        assert putter.is_alive() and not revisions  # still retrying while etcd is down
+        private_etcd.restart()
+        putter.join(timeout=30)
+        assert revisions, "the put did not get through after etcd came back"
+        kv = hasty.get("k")
+        assert kv is not None and kv.value == 2 and kv.mod_revision == revisions[0]
+        private_etcd.stop()
+        brief = EtcdStore(private_etcd.endpoints_text, job, outage_timeout=1.0)
+        with pytest.raises(
+            StoreUnavailableError, match=r"unreachable for 1 s \(--outage-timeout\)"
+        ):
+            brief.get("k")
+        brief.close()
+    finally:
+        patient.close()
+
+
+def test_a_retried_compare_and_swap_whose_reply_was_lost_is_ours(
+    store_factory: StoreFactory,
+) -> None:
+    store = store_factory()
+    assert isinstance(store, EtcdStore)
+    store.outage_timeout = 5.0
+    first = store.put("ring", {"epoch": 1})
+    transport = store.transport
+    real_call = transport.call
+    lost: list[dict[str, Any]] = []
+
+    def reply_lost_once(path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        reply = real_call(path, payload)
+        if path == "kv/txn" and not lost:
+            lost.append(reply)
+            raise transport.unavailable("the reply was lost")
+        return reply
+
+    transport.call = reply_lost_once  # type: ignore[method-assign]
+    revision = store.compare_and_swap("ring", {"epoch": 2}, expected_mod_revision=first)
+    assert lost and lost[0]["succeeded"]  # the first attempt was applied
+    kv = store.get("ring")
+    assert kv is not None and revision == kv.mod_revision and kv.value == {"epoch": 2}
+    # Someone else's value is still a failed comparison.
+    store.put("ring", {"epoch": 3})
+    lost.clear()
+    assert store.compare_and_swap("ring", {"epoch": 4}, expected_mod_revision=first) is None
+
+
+def test_the_latest_value_writer_never_waits_for_etcd_and_writes_the_last_value(
+    private_etcd: EmbeddedEtcd, private_store_factory: StoreFactory
+) -> None:
+    job = fresh_job_id()
+    reader = private_store_factory(job)
+    writer = LatestValueWriter(
+        lambda: EtcdStore(private_etcd.endpoints_text, job, outage_timeout=60.0), "status/progress"
+    )
+    try:
+        writer.submit({"step": 1})
+        assert writer.flush(20)
+        private_etcd.stop()
+        for step in range(2, 50):  # returns at once although etcd is down
+            writer.submit({"step": step})
+        assert not writer.flush(0.5)
+        private_etcd.restart()
+        assert writer.flush(30)
+        kv = reader.get("status/progress")
+        assert kv is not None and kv.value == {"step": 49}
+        # Superseded values were skipped, not written one by one.
+        assert kv.version < 10
+    finally:
+        writer.close()
