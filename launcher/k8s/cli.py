@@ -1,15 +1,18 @@
 """``elastic-run k8s render|submit|status|delete``: a job's manifests, applied to a cluster.
 
 ``render`` prints YAML and needs no cluster. ``submit`` applies the same objects: shared ones
-(the etcd of ``--with-etcd``, the PriorityClass of ``--with-priority-class``) are created when
-absent and otherwise left as they are; the job's own objects are created, or replaced when a
-deleted job left them behind; a job whose launcher Job exists is refused. ``status`` shows the
-launcher Job and the pods of a job; ``delete`` removes every object labelled with the job id.
+(the etcd of ``--with-etcd``, the checkpoint claim of ``--with-checkpoint-claim``, the
+PriorityClass of ``--with-priority-class``, the admission policy of ``--with-admission-policy``)
+are created when absent and otherwise left as they are; the job's own objects are created, or
+replaced when a deleted job left them behind; a job whose launcher Job exists is refused.
+``status`` shows the launcher Job and the pods of a job; ``delete`` removes every object labelled
+with the job id (the shared objects stay).
 
 ``render`` and ``submit`` take the job flags of ``elastic-run run`` (:mod:`launcher.job_options`)
 and the flags of where and how the job runs on the cluster. Errors print one line and exit with
-2 for bad input (flags, kubeconfig, a missing namespace, etcd or PriorityClass, an unknown job:
-``ConfigError``) and 3 for operational failures (the API unreachable, RBAC refusals, conflicts).
+2 for bad input (flags, kubeconfig, a missing namespace, etcd, checkpoint claim or PriorityClass,
+an unknown job: ``ConfigError``) and 3 for operational failures (the API unreachable, RBAC
+refusals, conflicts).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from launcher.k8s.errors import (
 )
 from launcher.k8s.manifests import DEFAULT_METRICS_PORT
 from launcher.k8s.naming import (
+    ADMISSION_POLICY,
+    CHECKPOINT_CLAIM,
     DEFAULT_NAMESPACE,
     ETCD_NAME,
     PRIORITY_CLASS,
@@ -49,8 +54,10 @@ Manifest = dict[str, Any]
 
 _DESCRIPTION = """\
 Run elastic jobs on Kubernetes. `render` prints a job's manifests (ServiceAccount, Role and
-RoleBinding for the launcher, the worker pod template, NetworkPolicies, the launcher Job; with
---with-etcd the namespace's etcd, with --with-priority-class the cluster's PriorityClass);
+RoleBinding for the launcher, the workers' ServiceAccount, the worker pod template,
+NetworkPolicies, the launcher Job; with --with-etcd the namespace's etcd, with
+--with-checkpoint-claim its checkpoint claim, with --with-priority-class the cluster's
+PriorityClass, with --with-admission-policy the cluster's admission policy for launchers);
 `submit` applies them; `status` and `delete` act on a job by its id. The cluster comes from
 --kubeconfig, $KUBECONFIG or ~/.kube/config, or the service account inside a pod.
 """
@@ -58,7 +65,14 @@ RoleBinding for the launcher, the worker pod template, NetworkPolicies, the laun
 #: The job's own objects, deleted by `delete` (in this order: the launcher first).
 _JOB_KINDS = ("Job", "Pod", "NetworkPolicy", "ConfigMap", "RoleBinding", "Role", "ServiceAccount")
 #: Objects shared by every job of a namespace (or the cluster): created if absent, never replaced.
-_SHARED_KINDS = ("PriorityClass", "StatefulSet", "Service")
+_SHARED_KINDS = (
+    "PriorityClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "StatefulSet",
+    "Service",
+    "PersistentVolumeClaim",
+)
 
 
 def add_parser(
@@ -104,7 +118,8 @@ def add_parser(
         description=(
             "Delete the launcher Job, the worker pods and the job's RBAC, template and "
             "NetworkPolicies (everything labelled elastic-allreduce/job=JOB). The namespace's "
-            "etcd and the PriorityClass stay."
+            "etcd and checkpoint claim (with the job's checkpoints), the PriorityClass and the "
+            "admission policy stay."
         ),
     )
     for parser in (status, delete):
@@ -183,6 +198,58 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out the NetworkPolicies (e.g. for an etcd outside the namespace)",
     )
+    parser.add_argument(
+        "--api-server-cidr",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="the Kubernetes API server's address, which alone the launcher may then reach on "
+        "ports 443 and 6443 (repeatable; default: any address on those ports; `kubectl get "
+        "endpoints kubernetes` shows it)",
+    )
+    parser.add_argument(
+        "--with-admission-policy",
+        action="store_true",
+        help=f"also create the cluster's ValidatingAdmissionPolicy {ADMISSION_POLICY} and its "
+        "binding, which let each job's launcher create only its job's worker pods (once per "
+        "cluster; needs cluster rights)",
+    )
+    volumes = parser.add_argument_group(
+        "checkpoint volume",
+        "with --checkpoint-dir DIR every worker pod mounts a PersistentVolumeClaim at DIR; the "
+        "job's checkpoints go to DIR/<job-id>/",
+    )
+    volumes.add_argument(
+        "--checkpoint-claim",
+        default=CHECKPOINT_CLAIM,
+        metavar="NAME",
+        help=f"the claim mounted at --checkpoint-dir (default {CHECKPOINT_CLAIM}, shared by the "
+        "namespace's jobs)",
+    )
+    volumes.add_argument(
+        "--with-checkpoint-claim",
+        action="store_true",
+        help="also create that claim: ReadWriteMany, since the worker pods run on several "
+        "nodes (a storage class of a network file system offers it)",
+    )
+    volumes.add_argument(
+        "--checkpoint-size",
+        default=manifests.DEFAULT_CHECKPOINT_SIZE,
+        metavar="SIZE",
+        help=f"the claim's size (default {manifests.DEFAULT_CHECKPOINT_SIZE})",
+    )
+    volumes.add_argument(
+        "--checkpoint-storage-class",
+        metavar="NAME",
+        help="the claim's storage class (default: the cluster's default class)",
+    )
+    volumes.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="TensorBoard summaries (as `elastic-run run --tensorboard-dir`): rank 0 writes "
+        "DIR/train, the launcher DIR/launcher; a folder inside --checkpoint-dir, on the claim "
+        "that the launcher then mounts too (for example /checkpoints/tensorboard/<job-id>)",
+    )
     metrics = parser.add_mutually_exclusive_group()
     metrics.add_argument(
         "--metrics-port",
@@ -240,6 +307,13 @@ def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
         node_selector=selector,
         tolerations=tuple(manifests.Toleration.parse(t) for t in args.toleration),
         metrics_port=None if args.no_metrics else args.metrics_port,
+        checkpoint_claim=args.checkpoint_claim,
+        with_checkpoint_claim=args.with_checkpoint_claim,
+        checkpoint_size=args.checkpoint_size,
+        checkpoint_storage_class=args.checkpoint_storage_class,
+        tensorboard_dir=args.tensorboard_dir,
+        with_admission_policy=args.with_admission_policy,
+        api_server_cidrs=tuple(args.api_server_cidr),
     ).validate()
 
 
@@ -288,6 +362,18 @@ def _check_prerequisites(kube: Kube, spec: manifests.JobSpec) -> None:
                 "apply -f k8s/base/priorityclass.yaml`) or pass --no-priority-class",
             )
         )
+    if spec.job.checkpoint_dir is not None and not spec.with_checkpoint_claim:
+        checks.append(
+            (
+                KINDS["PersistentVolumeClaim"],
+                spec.checkpoint_claim,
+                spec.namespace,
+                f"PersistentVolumeClaim {spec.checkpoint_claim!r} does not exist in namespace "
+                f"{spec.namespace!r}, so no worker pod could mount --checkpoint-dir: add "
+                "--with-checkpoint-claim to create it (ReadWriteMany), create one, or name "
+                "yours with --checkpoint-claim",
+            )
+        )
     for kind, name, namespace, missing in checks:
         try:
             found = kube.get(kind, name, namespace)
@@ -296,6 +382,28 @@ def _check_prerequisites(kube: Kube, spec: manifests.JobSpec) -> None:
             continue
         if found is None:
             raise KubernetesConfigError(missing)
+    if not spec.with_admission_policy:
+        _check_admission_policy(kube)
+
+
+def _check_admission_policy(kube: Kube) -> None:
+    """Warn (only) when the cluster has no admission policy for launchers: the job runs, but
+    its launcher may create any pod its Role and the namespace's Pod Security level allow."""
+    try:
+        found = kube.get(KINDS["ValidatingAdmissionPolicy"], ADMISSION_POLICY, None)
+    except KubernetesForbiddenError as exc:
+        print(f"elastic-run k8s submit: warning: not checked: {exc}", file=sys.stderr)
+        return
+    except KubernetesNotFoundError:
+        found = None  # a server without admissionregistration.k8s.io/v1 (before 1.30)
+    if found is None:
+        print(
+            f"elastic-run k8s submit: warning: the cluster has no ValidatingAdmissionPolicy "
+            f"{ADMISSION_POLICY!r}: the launcher may create any pod its Role allows, not only "
+            "its job's worker pods; a cluster administrator applies it once "
+            "(k8s/cluster/admission-policy.yaml, or --with-admission-policy)",
+            file=sys.stderr,
+        )
 
 
 def _run_submit(args: argparse.Namespace) -> int:
@@ -310,7 +418,7 @@ def _run_submit(args: argparse.Namespace) -> int:
                 kube.create(manifest)
                 outcome = "created"
             except KubernetesNotFoundError as exc:
-                if manifest["kind"] in ("Namespace", "PriorityClass"):
+                if not kind_of(manifest).namespaced:
                     raise
                 raise KubernetesConfigError(
                     f"namespace {spec.namespace!r} does not exist: create it (`kubectl create "
@@ -419,7 +527,10 @@ def _run_delete(args: argparse.Namespace) -> int:
             f"nothing to delete: no objects labelled {selector} in namespace {args.namespace!r} "
             "(check --job-id and --namespace)"
         )
-    print(f"job {args.job_id} deleted ({deleted} objects); the namespace's etcd stays")
+    print(
+        f"job {args.job_id} deleted ({deleted} objects); the namespace's etcd and checkpoint "
+        "claim stay"
+    )
     return 0
 
 

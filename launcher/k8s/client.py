@@ -106,6 +106,19 @@ KINDS: Final = {
         Kind("apps/v1", "StatefulSet", "statefulsets"),
         Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False),
+        Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+        Kind(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            namespaced=False,
+        ),
+        Kind(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            namespaced=False,
+        ),
     )
 }
 

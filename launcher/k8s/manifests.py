@@ -6,16 +6,29 @@ resources, etcd, scheduling). ``render(JobSpec(...))`` returns, in the order to 
 
 - optionally the ``PriorityClass`` for preemptible training (cluster-scoped, so only with
   ``with_priority_class``: creating it needs cluster rights that a job's submitter often lacks);
+- optionally the cluster's admission policy for launchers (``with_admission_policy``:
+  :mod:`launcher.k8s.admission`, cluster-scoped too, one for every job of the cluster);
 - optionally a namespace's etcd (``with_etcd``): peer and client Services, a StatefulSet and the
   NetworkPolicy that lets only elastic-allreduce pods reach it. It carries no job label: jobs of
   one namespace share it, and deleting a job leaves it. Unless ``etcd_tls`` is off it serves
   clients and peers over TLS only and requires client certificates, from the Secret
   ``elastic-allreduce-etcd-tls``;
+- optionally the namespace's checkpoint claim (``with_checkpoint_claim``: a ReadWriteMany
+  PersistentVolumeClaim shared by the jobs of the namespace, each in its own folder);
 - the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch
-  and events create, nothing else), the worker pod template in a ConfigMap, the job's
-  NetworkPolicies and the launcher Job, each labelled ``elastic-allreduce/job: <job-id>``.
-  The launcher Job runs ``elastic-run run --kubernetes`` with the job's flags
+  and events create, nothing else), the workers' ServiceAccount (no rights, no token), the worker
+  pod template in a ConfigMap (with the job's worker shape, the admission policy's parameters),
+  the job's NetworkPolicies and the launcher Job, each labelled ``elastic-allreduce/job:
+  <job-id>``. The launcher Job runs ``elastic-run run --kubernetes`` with the job's flags
   (:func:`launcher.job_options.to_args`), so every job option reaches the launcher.
+
+Every pod satisfies the "restricted" Pod Security Standard (non-root, no privilege escalation,
+no capabilities, the runtime's default seccomp profile, only core volume types); the launcher's
+and etcd's root filesystems are read-only (the launcher writes only to an emptyDir at /tmp and,
+with a TensorBoard folder, to the checkpoint claim), the workers' are not (they run the user's
+training script, which may write anywhere). With a ``--checkpoint-dir`` the worker pods mount
+the checkpoint claim there; a ``--tensorboard-dir`` must be a folder inside it, which the
+launcher then mounts too.
 
 For a GPU job (``gpus_per_node``) the worker template asks for the GPUs and sets NCCL's socket
 interface and TensorFlow's memory growth; the launcher, which needs no GPU, may run another
@@ -37,6 +50,7 @@ The kustomize base in ``k8s/base`` holds the same objects for the default job
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -47,8 +61,11 @@ from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError
 from launcher import job_options
 from launcher.job_options import JobOptions
+from launcher.k8s import admission
 from launcher.k8s.naming import (
     APP_NAME,
+    CHECKPOINT_CLAIM,
+    CHECKPOINT_VOLUME,
     DEFAULT_NAMESPACE,
     ETCD_CLIENT_DIR,
     ETCD_CLIENT_PORT,
@@ -60,6 +77,7 @@ from launcher.k8s.naming import (
     ETCD_TLS_SECRET,
     GPU_RESOURCE,
     NAME_LABEL,
+    PART_OF_LABEL,
     PASSWORD_KEY,
     PRIORITY_CLASS,
     ROLE_LABEL,
@@ -71,6 +89,7 @@ from launcher.k8s.naming import (
     TLS_CA,
     TLS_CERT,
     TLS_KEY,
+    WORKER_SHAPE_LABEL,
     api_policy_name,
     default_etcd_endpoints,
     etcd_client_secret,
@@ -82,6 +101,7 @@ from launcher.k8s.naming import (
     pod_labels,
     same_job,
     template_name,
+    worker_service_account,
 )
 
 Manifest = dict[str, Any]
@@ -104,6 +124,28 @@ ETCD_IMAGE: Final = "gcr.io/etcd-development/etcd:v3.5.21"
 #: GPUs, NCCL's sockets use it; left to itself NCCL may take another interface (a secondary
 #: network's, an InfiniBand one) that the other pods cannot reach, and hang at its first use.
 POD_INTERFACE: Final = "eth0"
+
+#: The user and group the images run as (Dockerfile, Dockerfile.gpu: ``USER 1000:1000``): the
+#: fsGroup of the launcher and worker pods, so that the checkpoint claim is writable for them.
+IMAGE_GROUP: Final = 1000
+
+#: Seconds a worker pod has between SIGTERM and SIGKILL (scale-down, preemption, drain): the
+#: agent's graceful leave takes up to its leave timeout (60 s: ``AgentSettings.leave_timeout``),
+#: in which the node's training processes reach their next commit and, when they hold the only
+#: copy of it, persist it or hand it to the newcomers (docs/architecture.md); 30 s more for the
+#: processes to exit and a last checkpoint write to finish.
+WORKER_GRACE_SECONDS: Final = 90
+
+#: The ports the Kubernetes API server is reached on: the Service ``kubernetes`` (443) and the
+#: API server's own port behind it (6443 on most clusters), which NetworkPolicies see after NAT.
+API_SERVER_PORTS: Final = (443, 6443)
+
+#: Default size of the checkpoint claim (``--checkpoint-size``).
+DEFAULT_CHECKPOINT_SIZE: Final = "10Gi"
+
+#: The launcher's writable /tmp (its root filesystem is read-only): the events file
+#: (``$TMPDIR/elastic-run/<job>.events.jsonl`` by default) is all it writes there.
+LAUNCHER_TMP_LIMIT: Final = "1Gi"
 
 #: The launcher needs no GPU: ``void`` makes the NVIDIA container runtime expose none to it,
 #: even where that runtime is the nodes' default and the image asks for all of them (NVIDIA's
@@ -129,6 +171,7 @@ POD_ENV: Final = (
 )
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -194,6 +237,20 @@ class JobSpec:
     tolerations: tuple[Toleration, ...] = ()
     #: The launcher's metrics port (scraped through the prometheus.io annotations); None: off.
     metrics_port: int | None = DEFAULT_METRICS_PORT
+    #: The PersistentVolumeClaim mounted at the job's ``--checkpoint-dir`` (workers; and the
+    #: launcher when ``tensorboard_dir`` is set); shared by the namespace's jobs.
+    checkpoint_claim: str = CHECKPOINT_CLAIM
+    #: Also create that claim (ReadWriteMany, ``checkpoint_size``, ``checkpoint_storage_class``).
+    with_checkpoint_claim: bool = False
+    checkpoint_size: str = DEFAULT_CHECKPOINT_SIZE
+    checkpoint_storage_class: str | None = None
+    #: The launcher's ``--tensorboard-dir``: a folder inside ``--checkpoint-dir`` (on the claim,
+    #: which every worker and then the launcher mount); None: no summaries.
+    tensorboard_dir: str | None = None
+    #: Also create the cluster's admission policy for launchers (:mod:`launcher.k8s.admission`).
+    with_admission_policy: bool = False
+    #: The API server's addresses (CIDRs) the launcher may reach on 443/6443; empty: any address.
+    api_server_cidrs: tuple[str, ...] = ()
 
     @property
     def job_id(self) -> str:
@@ -232,13 +289,43 @@ class JobSpec:
                 f"invalid --metrics-port {self.metrics_port}: give a TCP port (1-65535) for the "
                 "launcher pod, or --no-metrics"
             )
-        checkpoints = self.job.checkpoint_dir
-        if checkpoints is not None and not posixpath.isabs(checkpoints):
-            raise ConfigError(
-                f"invalid --checkpoint-dir {checkpoints!r}: on Kubernetes give an absolute path "
-                "on a volume that every worker pod mounts (for example /checkpoints)"
-            )
+        self._validate_volumes()
         return self._validate_placement()
+
+    def _validate_volumes(self) -> None:
+        checkpoints = self.job.checkpoint_dir
+        if checkpoints is not None and not (
+            posixpath.isabs(checkpoints) and posixpath.normpath(checkpoints) != "/"
+        ):
+            raise ConfigError(
+                f"invalid --checkpoint-dir {checkpoints!r}: on Kubernetes give an absolute path, "
+                "where the worker pods mount the checkpoint claim (for example /checkpoints)"
+            )
+        if not _DNS_LABEL.match(self.checkpoint_claim):
+            raise ConfigError(f"invalid --checkpoint-claim {self.checkpoint_claim!r}")
+        if not _QUANTITY.match(self.checkpoint_size):
+            raise ConfigError(
+                f"invalid --checkpoint-size {self.checkpoint_size!r}: use a Kubernetes quantity "
+                "such as 10Gi"
+            )
+        storage_class = self.checkpoint_storage_class
+        if storage_class is not None and not _DNS_SUBDOMAIN.match(storage_class):
+            raise ConfigError(f"invalid --checkpoint-storage-class {storage_class!r}")
+        if self.with_checkpoint_claim and checkpoints is None:
+            raise ConfigError(
+                "--with-checkpoint-claim creates the claim that --checkpoint-dir is mounted "
+                "from: give --checkpoint-dir too (for example /checkpoints)"
+            )
+        if self.tensorboard_dir is not None:
+            _check_tensorboard_dir(self.tensorboard_dir, checkpoints, self.job_id)
+        for cidr in self.api_server_cidrs:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"invalid --api-server-cidr {cidr!r}: give the API server's address as a "
+                    "CIDR (for example 10.0.0.1/32; `kubectl get endpoints kubernetes` shows it)"
+                ) from exc
 
     def _validate_placement(self) -> JobSpec:
         for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory)):
@@ -269,12 +356,56 @@ class JobSpec:
         return self
 
 
-def _pod_security() -> Manifest:
-    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+def _check_tensorboard_dir(path: str, checkpoints: str | None, job_id: str) -> None:
+    """ConfigError unless ``path`` is a folder inside the checkpoint folder (on the claim, which
+    the launcher then mounts too) and outside the job's own checkpoint folder."""
+    if checkpoints is None or not posixpath.isabs(path):
+        raise ConfigError(
+            f"invalid --tensorboard-dir {path!r}: on Kubernetes the launcher and every worker "
+            "write there, so give a folder inside --checkpoint-dir (on the checkpoint claim, "
+            "which they all mount), for example --checkpoint-dir /checkpoints --tensorboard-dir "
+            f"/checkpoints/tensorboard/{job_id}"
+        )
+    folder, root = posixpath.normpath(path), posixpath.normpath(checkpoints)
+    own = posixpath.join(root, job_id)
+    if posixpath.commonpath([folder, root]) != root or folder == root:
+        raise ConfigError(
+            f"invalid --tensorboard-dir {path!r}: give a folder inside --checkpoint-dir "
+            f"{checkpoints} (the checkpoint claim, mounted by the launcher and every worker), "
+            f"for example {root}/tensorboard/{job_id}"
+        )
+    if posixpath.commonpath([folder, own]) == own:
+        raise ConfigError(
+            f"invalid --tensorboard-dir {path!r}: {own} holds the job's checkpoints; give "
+            f"another folder, for example {root}/tensorboard/{job_id}"
+        )
 
 
-def _container_security() -> Manifest:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+def _pod_security(fs_group: int | None = None) -> Manifest:
+    """A pod's security context: non-root, the runtime's default seccomp profile and, with
+    ``fs_group``, volumes made writable for that group (only where their owner differs)."""
+    context: Manifest = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if fs_group is not None:
+        context.update(fsGroup=fs_group, fsGroupChangePolicy="OnRootMismatch")
+    return context
+
+
+def _container_security(*, read_only_root: bool = False) -> Manifest:
+    context: Manifest = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if read_only_root:
+        context["readOnlyRootFilesystem"] = True
+    return context
+
+
+def _checkpoint_volume(spec: JobSpec) -> Manifest:
+    return {
+        "name": CHECKPOINT_VOLUME,
+        "persistentVolumeClaim": {"claimName": spec.checkpoint_claim},
+    }
+
+
+def _checkpoint_mount(spec: JobSpec) -> Manifest:
+    return {"name": CHECKPOINT_VOLUME, "mountPath": str(spec.job.checkpoint_dir)}
 
 
 #: The etcd client settings of a job's pods, as files of the job's client Secret.
@@ -327,13 +458,18 @@ def worker_pod(spec: JobSpec) -> Manifest:
         variables.append({"name": env.ETCD_USER, "value": spec.job_id})
         mounts.append(_client_mount())
         volumes.append(_client_volume(spec))
+    if spec.job.checkpoint_dir is not None:
+        mounts.append(_checkpoint_mount(spec))
+        volumes.append(_checkpoint_volume(spec))
     pod_spec: Manifest = {
         "restartPolicy": "Never",
-        # The agent's graceful leave (SIGTERM: leave the ring at the next commit) takes up to 60 s.
-        "terminationGracePeriodSeconds": 90,
+        # SIGTERM: the agent leaves the ring at the next commit (up to 60 s), see the constant.
+        "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
+        # A service account without rights, and no token: the admission policy requires both.
+        "serviceAccountName": worker_service_account(spec.job_id),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": _pod_security(),
+        "securityContext": _pod_security(IMAGE_GROUP),
         "containers": [
             {
                 "name": "worker",
@@ -382,6 +518,7 @@ def launcher_args(spec: JobSpec) -> list[str]:
         spec.etcd_endpoints,
         *_client_flags(spec),
         *([] if spec.metrics_port is None else ["--metrics-port", str(spec.metrics_port)]),
+        *([] if spec.tensorboard_dir is None else ["--tensorboard-dir", spec.tensorboard_dir]),
         *job_options.to_args(spec.job),
     ]
 
@@ -389,14 +526,21 @@ def launcher_args(spec: JobSpec) -> list[str]:
 def _launcher_job(spec: JobSpec) -> Manifest:
     name = launcher_name(spec.job_id)
     mounts: list[Manifest] = [
-        {"name": "worker-template", "mountPath": TEMPLATE_DIR, "readOnly": True}
+        {"name": "worker-template", "mountPath": TEMPLATE_DIR, "readOnly": True},
+        # The root filesystem is read-only: /tmp (the events file) is an emptyDir.
+        {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108
     ]
     volumes: list[Manifest] = [
-        {"name": "worker-template", "configMap": {"name": template_name(spec.job_id)}}
+        {"name": "worker-template", "configMap": {"name": template_name(spec.job_id)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": LAUNCHER_TMP_LIMIT}},
     ]
     if spec.client_tls:
         mounts.append(_client_mount())
         volumes.append(_client_volume(spec))
+    if spec.tensorboard_dir is not None:
+        # The launcher's TensorBoard summaries go to <dir>/launcher, on the checkpoint claim.
+        mounts.append(_checkpoint_mount(spec))
+        volumes.append(_checkpoint_volume(spec))
     pod_metadata: Manifest = {"labels": pod_labels(spec.job_id, ROLE_LAUNCHER)}
     container: Manifest = {}
     if spec.metrics_port is not None:
@@ -422,7 +566,7 @@ def _launcher_job(spec: JobSpec) -> Manifest:
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 90,
                     "enableServiceLinks": False,
-                    "securityContext": _pod_security(),
+                    "securityContext": _pod_security(IMAGE_GROUP),
                     "containers": [
                         {
                             "name": "launcher",
@@ -441,7 +585,7 @@ def _launcher_job(spec: JobSpec) -> Manifest:
                                 "limits": {"memory": "1Gi"},
                             },
                             **container,
-                            "securityContext": _container_security(),
+                            "securityContext": _container_security(read_only_root=True),
                             "volumeMounts": mounts,
                         }
                     ],
@@ -482,16 +626,39 @@ def _rbac(spec: JobSpec) -> list[Manifest]:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}],
         },
+        {
+            # The workers' identity: no Role binds it, and no pod mounts its token.
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": worker_service_account(spec.job_id), "labels": labels},
+            "automountServiceAccountToken": False,
+        },
     ]
 
 
+def worker_shape(spec: JobSpec) -> dict[str, str]:
+    """The job's worker shape: what the cluster's admission policy lets its launcher create
+    (:func:`launcher.k8s.admission.worker_shape`), as the worker pod template has it."""
+    return admission.worker_shape(
+        job_id=spec.job_id,
+        images=(spec.image,),
+        launcher_account=launcher_name(spec.job_id),
+        worker_account=worker_service_account(spec.job_id),
+        secrets=(etcd_client_secret(spec.job_id),) if spec.client_tls else (),
+        claims=(spec.checkpoint_claim,) if spec.job.checkpoint_dir is not None else (),
+    )
+
+
 def _template_config_map(spec: JobSpec) -> Manifest:
+    """The worker pod template, and beside it the job's worker shape, which the admission
+    policy's binding takes as its parameters (by the worker-shape label)."""
     text = yaml.safe_dump(worker_pod(spec), sort_keys=False, default_flow_style=False)
+    labels = {**job_labels(spec.job_id), WORKER_SHAPE_LABEL: admission.SHAPE_LABEL_VALUE}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": template_name(spec.job_id), "labels": job_labels(spec.job_id)},
-        "data": {TEMPLATE_KEY: text},
+        "metadata": {"name": template_name(spec.job_id), "labels": labels},
+        "data": {TEMPLATE_KEY: text, **worker_shape(spec)},
     }
 
 
@@ -521,7 +688,8 @@ def _network_policies(spec: JobSpec) -> list[Manifest]:
             },
         },
         {
-            # The launcher talks to the Kubernetes API, whose address depends on the cluster.
+            # The launcher talks to the Kubernetes API, whose address depends on the cluster:
+            # any address on its ports, unless the API server's addresses are given.
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": {"name": api_policy_name(spec.job_id), "labels": labels},
@@ -530,13 +698,19 @@ def _network_policies(spec: JobSpec) -> list[Manifest]:
                     "matchLabels": {**same_job(spec.job_id), ROLE_LABEL: ROLE_LAUNCHER}
                 },
                 "policyTypes": ["Egress"],
-                "egress": [
-                    {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}
-                ],
+                "egress": [_api_server_rule(spec)],
             },
         },
         *_metrics_policy(spec),
     ]
+
+
+def _api_server_rule(spec: JobSpec) -> Manifest:
+    rule: Manifest = {}
+    if spec.api_server_cidrs:
+        rule["to"] = [{"ipBlock": {"cidr": cidr}} for cidr in spec.api_server_cidrs]
+    rule["ports"] = [{"protocol": "TCP", "port": port} for port in API_SERVER_PORTS]
+    return rule
 
 
 def _metrics_policy(spec: JobSpec) -> list[Manifest]:
@@ -560,6 +734,30 @@ def _metrics_policy(spec: JobSpec) -> list[Manifest]:
             },
         }
     ]
+
+
+def checkpoint_claim(
+    name: str = CHECKPOINT_CLAIM,
+    size: str = DEFAULT_CHECKPOINT_SIZE,
+    storage_class: str | None = None,
+) -> Manifest:
+    """A namespace's checkpoint claim: ReadWriteMany, because the worker pods of a job run on
+    several nodes and all mount it (with ReadWriteOnce only pods on one node could); a storage
+    class that offers it is a network file system (NFS, CephFS, a cloud's file store). It has
+    no job label: every job of the namespace uses it, in its own folder, and deleting a job
+    keeps it (and its checkpoints)."""
+    spec: Manifest = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": size}},
+    }
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": {PART_OF_LABEL: APP_NAME}},
+        "spec": spec,
+    }
 
 
 def priority_class() -> Manifest:
@@ -659,7 +857,7 @@ def etcd(replicas: int = 3, image: str = ETCD_IMAGE, *, tls: bool = True) -> lis
                     "requests": {"cpu": "100m", "memory": "256Mi"},
                     "limits": {"memory": "512Mi"},
                 },
-                "securityContext": _container_security(),
+                "securityContext": _container_security(read_only_root=True),
                 "volumeMounts": mounts,
             }
         ],
@@ -742,9 +940,17 @@ def render(spec: JobSpec) -> list[Manifest]:
     Namespaced objects carry ``metadata.namespace``."""
     spec.validate()
     cluster: list[Manifest] = [priority_class()] if spec.with_priority_class else []
+    if spec.with_admission_policy:
+        cluster += admission.objects()
     namespaced: list[Manifest] = (
         etcd(spec.etcd_replicas, tls=spec.etcd_tls) if spec.with_etcd else []
     )
+    if spec.with_checkpoint_claim:
+        namespaced.append(
+            checkpoint_claim(
+                spec.checkpoint_claim, spec.checkpoint_size, spec.checkpoint_storage_class
+            )
+        )
     namespaced += _rbac(spec)
     namespaced.append(_template_config_map(spec))
     if spec.network_policy:

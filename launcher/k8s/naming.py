@@ -69,6 +69,34 @@ TEMPLATE_DIR: Final = "/etc/elastic-allreduce"
 TEMPLATE_KEY: Final = "worker-pod.yaml"
 TEMPLATE_PATH: Final = f"{TEMPLATE_DIR}/{TEMPLATE_KEY}"
 
+#: The checkpoint PersistentVolumeClaim of a namespace (``--checkpoint-claim``): every job of the
+#: namespace mounts it at its ``--checkpoint-dir`` and keeps its checkpoints in its own folder.
+CHECKPOINT_CLAIM: Final = "elastic-allreduce-checkpoints"
+#: Name of the checkpoint volume in a job's pods.
+CHECKPOINT_VOLUME: Final = "checkpoints"
+
+#: The Pod Security Admission labels of a job's namespace: the "restricted" Pod Security
+#: Standard, enforced (pods that break it are refused), audited and warned about.
+POD_SECURITY_LABELS: Final = {
+    f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")
+}
+
+#: The cluster's ValidatingAdmissionPolicy that holds every job's launcher to its worker shape,
+#: and its ValidatingAdmissionPolicyBinding (one of each per cluster: ``launcher.k8s.admission``).
+ADMISSION_POLICY: Final = "elastic-allreduce-launcher-pods"
+#: Label of the ConfigMaps whose data is a job's worker shape (the worker template's ConfigMap):
+#: the binding takes them, in the namespace of each request, as the policy's parameters.
+WORKER_SHAPE_LABEL: Final = "elastic-allreduce/worker-shape"
+#: Keys of a job's worker shape in its template ConfigMap: the job id, the images its worker pods
+#: may run, its launcher's and workers' service accounts, and the Secrets and claims its worker
+#: pods may use (each list comma-separated, possibly empty).
+SHAPE_JOB: Final = "job"
+SHAPE_IMAGES: Final = "images"
+SHAPE_LAUNCHER_ACCOUNT: Final = "launcherServiceAccount"
+SHAPE_WORKER_ACCOUNT: Final = "workerServiceAccount"
+SHAPE_SECRETS: Final = "secrets"
+SHAPE_CLAIMS: Final = "claims"
+
 
 def etcd_labels() -> dict[str, str]:
     """The labels of the etcd's objects (no job label: every job of the namespace shares it)."""
@@ -112,6 +140,16 @@ def same_job(job_id: str) -> dict[str, str]:
 def launcher_name(job_id: str) -> str:
     """Name of the launcher's Job, ServiceAccount, Role and RoleBinding."""
     return f"{job_id}-launcher"
+
+
+def worker_service_account(job_id: str) -> str:
+    """Name of the ServiceAccount of a job's worker pods (no rights, no token mounted)."""
+    return f"{job_id}-worker"
+
+
+def service_account_user(namespace: str, account: str) -> str:
+    """The user name the Kubernetes API gives requests made with a service account's token."""
+    return f"system:serviceaccount:{namespace}:{account}"
 
 
 def template_name(job_id: str) -> str:

@@ -80,6 +80,9 @@ _KINDS = {
     "clusterroles": "ClusterRole",
     "clusterrolebindings": "ClusterRoleBinding",
     "leases": "Lease",
+    "priorityclasses": "PriorityClass",
+    "validatingadmissionpolicies": "ValidatingAdmissionPolicy",
+    "validatingadmissionpolicybindings": "ValidatingAdmissionPolicyBinding",
 }
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -1122,6 +1125,8 @@ _CLUSTER_SCOPED = frozenset(
         "customresourcedefinitions",
         "priorityclasses",
         "storageclasses",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
     }
 )
 _GROUP_OF = {
@@ -1134,6 +1139,8 @@ _GROUP_OF = {
     "clusterrolebindings": "apis/rbac.authorization.k8s.io/v1",
     "leases": "apis/coordination.k8s.io/v1",
     "priorityclasses": "apis/scheduling.k8s.io/v1",
+    "validatingadmissionpolicies": "apis/admissionregistration.k8s.io/v1",
+    "validatingadmissionpolicybindings": "apis/admissionregistration.k8s.io/v1",
 }
 
 

@@ -103,6 +103,7 @@ def test_render_prints_the_jobs_manifests(capsys: pytest.CaptureFixture[str]) ->
         "ServiceAccount",
         "Role",
         "RoleBinding",
+        "ServiceAccount",
         "ConfigMap",
         "NetworkPolicy",
         "NetworkPolicy",
@@ -197,6 +198,32 @@ def test_render_runs_the_launcher_on_its_own_image(capsys: pytest.CaptureFixture
     assert template["spec"]["containers"][0]["image"] == "ea:1-gpu"
     code, out, err = run(capsys, "k8s", "render", *flags, "--launcher-image", "a b", *COMMAND)
     assert code == 2 and out == "" and "invalid --launcher-image 'a b'" in err
+
+
+def test_render_with_a_tensorboard_dir_on_the_checkpoint_claim(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(
+        capsys,
+        "k8s",
+        "render",
+        *("--image", IMAGE, "--job-id", "tb", "--checkpoint-dir", "/checkpoints"),
+        *("--tensorboard-dir", "/checkpoints/tensorboard/tb", "--checkpoint-claim", "team"),
+        *COMMAND,
+    )
+    assert (code, err) == (0, ""), err
+    args = launcher_args(out)
+    assert args[args.index("--tensorboard-dir") + 1] == "/checkpoints/tensorboard/tb"
+    parsed = _build_parser().parse_args(args)
+    assert parsed.tensorboard_dir == "/checkpoints/tensorboard/tb"
+    job = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "team"}} in pod["volumes"]
+    assert {"name": "checkpoints", "mountPath": "/checkpoints"} in pod["containers"][0][
+        "volumeMounts"
+    ]
+    # The claim itself is not created without --with-checkpoint-claim.
+    assert "PersistentVolumeClaim" not in {d["kind"] for d in yaml.safe_load_all(out) if d}
 
 
 def launcher_args(out: str) -> list[str]:
@@ -317,6 +344,22 @@ def test_render_without_a_job_id_makes_one_and_says_so(capsys: pytest.CaptureFix
         (["--toleration", "gpu:Sometimes"], "invalid --toleration 'gpu:Sometimes'"),
         (["--node-selector", "pool"], "invalid --node-selector 'pool'"),
         (["--with-priority-class", "--priority-class", "other"], "--with-priority-class creates"),
+        (["--with-checkpoint-claim"], "--with-checkpoint-claim creates the claim"),
+        (["--checkpoint-dir", "/"], "invalid --checkpoint-dir '/'"),
+        (["--checkpoint-dir", "/c", "--checkpoint-size", "lots"], "invalid --checkpoint-size"),
+        (
+            ["--checkpoint-dir", "/c", "--checkpoint-claim", "No_Claim"],
+            "invalid --checkpoint-claim",
+        ),
+        (["--tensorboard-dir", "/tb"], "invalid --tensorboard-dir '/tb': on Kubernetes"),
+        (["--checkpoint-dir", "/c", "--tensorboard-dir", "/tb"], "inside --checkpoint-dir /c"),
+        (["--checkpoint-dir", "/c", "--tensorboard-dir", "/c"], "inside --checkpoint-dir /c"),
+        (["--checkpoint-dir", "/c", "--tensorboard-dir", "tb"], "on Kubernetes the launcher"),
+        (
+            ["--job-id", "j", "--checkpoint-dir", "/c", "--tensorboard-dir", "/c/j/tb"],
+            "/c/j holds the job's checkpoints",
+        ),
+        (["--api-server-cidr", "10.0.0.300/32"], "invalid --api-server-cidr '10.0.0.300/32'"),
     ],
 )
 def test_bad_flags_give_one_clear_error(
@@ -357,18 +400,31 @@ def test_conflicting_or_malformed_flags_are_refused_by_the_parser(
 # -- submit ------------------------------------------------------------------------------------
 
 
+#: The flags that make `submit` create every shared object too.
+EVERYTHING = (
+    "--with-etcd",
+    "--with-priority-class",
+    "--with-admission-policy",
+    *("--checkpoint-dir", "/checkpoints", "--with-checkpoint-claim"),
+)
+
+
 def test_submit_creates_every_object_render_prints(
     capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
 ) -> None:
-    code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
+    code, out, err = submit(capsys, kubeconfig, *EVERYTHING)
     assert (code, err) == (0, ""), err
     spec = manifests.JobSpec(
         image=IMAGE,
-        job=job_options(COMMAND[1:], job_id="demo"),
+        job=job_options(COMMAND[1:], job_id="demo", checkpoint_dir="/checkpoints"),
         namespace=NS,
         with_etcd=True,
         with_priority_class=True,
+        with_admission_policy=True,
+        with_checkpoint_claim=True,
     )
+    kinds = {o["kind"] for o in manifests.render(spec)}
+    assert {"PersistentVolumeClaim", "ValidatingAdmissionPolicy"} <= kinds
     for manifest in manifests.render(spec):
         kind = KINDS[manifest["kind"]]
         namespace = manifest["metadata"].get("namespace")
@@ -396,15 +452,16 @@ def test_a_second_submit_of_the_same_job_is_refused_before_anything_changes(
 def test_submit_replaces_what_a_deleted_job_left_and_keeps_shared_objects(
     capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
 ) -> None:
-    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    assert submit(capsys, kubeconfig, *EVERYTHING)[0] == 0
     kube.delete(KINDS["Job"], "demo-launcher", NS)
-    code, out, err = submit(
-        capsys, kubeconfig, "--with-etcd", "--with-priority-class", "--cpu", "3"
-    )
+    code, out, err = submit(capsys, kubeconfig, *EVERYTHING, "--cpu", "3")
     assert (code, err) == (0, "")
     assert "ConfigMap/demo-worker-template: replaced" in out
     assert "StatefulSet/elastic-allreduce-etcd: exists, kept" in out
     assert "PriorityClass/elastic-allreduce-preemptible: exists, kept" in out
+    assert "PersistentVolumeClaim/elastic-allreduce-checkpoints: exists, kept" in out
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert f"{kind}/elastic-allreduce-launcher-pods: exists, kept" in out
     assert "Job/demo-launcher: created" in out
     config_map = kube.get(KINDS["ConfigMap"], "demo-worker-template", NS)
     assert config_map is not None
@@ -454,7 +511,9 @@ def test_a_forbidden_verb_is_a_clear_rbac_error_with_exit_code_3(
     capsys: pytest.CaptureFixture[str], kubeconfig: str, fake: FakeKube
 ) -> None:
     fake.deny("create", "roles")
-    code, out, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
+    code, out, err = submit(
+        capsys, kubeconfig, "--with-etcd", "--with-priority-class", "--with-admission-policy"
+    )
     assert code == 3
     [line] = err.strip().splitlines()
     assert line.startswith(
@@ -463,6 +522,38 @@ def test_a_forbidden_verb_is_a_clear_rbac_error_with_exit_code_3(
     )
     assert "allows create on roles in namespace 'ml'" in line
     assert "ServiceAccount/demo-launcher: created" in out
+
+
+def test_submit_warns_when_the_cluster_has_no_admission_policy(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, fake: FakeKube
+) -> None:
+    code, _, err = submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")
+    assert code == 0
+    [line] = err.strip().splitlines()
+    assert line.startswith(
+        "elastic-run k8s submit: warning: the cluster has no ValidatingAdmissionPolicy "
+        "'elastic-allreduce-launcher-pods': the launcher may create any pod its Role allows"
+    )
+    assert "k8s/cluster/admission-policy.yaml" in line
+
+
+def test_submit_needs_the_checkpoint_claim_to_exist(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    flags = ("--with-etcd", "--no-priority-class", "--with-admission-policy")
+    code, _, err = submit(capsys, kubeconfig, *flags, "--checkpoint-dir", "/checkpoints")
+    assert code == 2
+    assert (
+        "PersistentVolumeClaim 'elastic-allreduce-checkpoints' does not exist in namespace" in err
+    )
+    assert "--with-checkpoint-claim" in err
+    assert names(kube, "Job") == set()
+    claim = manifests.checkpoint_claim()
+    claim["metadata"]["namespace"] = NS
+    kube.create(claim)
+    code, out, err = submit(capsys, kubeconfig, *flags, "--checkpoint-dir", "/checkpoints")
+    assert (code, err) == (0, ""), err
+    assert "PersistentVolumeClaim" not in out  # an existing claim is used, not created
 
 
 def test_an_unchecked_prerequisite_is_a_warning_not_an_error(
@@ -551,10 +642,10 @@ def test_status_of_an_unknown_job_is_an_error(
     assert "no job 'ghost' in namespace 'ml'" in err
 
 
-def test_delete_removes_the_jobs_objects_and_pods_and_keeps_etcd(
+def test_delete_removes_the_jobs_objects_and_pods_and_keeps_the_shared_ones(
     capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
 ) -> None:
-    assert submit(capsys, kubeconfig, "--with-etcd", "--with-priority-class")[0] == 0
+    assert submit(capsys, kubeconfig, *EVERYTHING)[0] == 0
     add_pod(kube, "demo-worker-1", "worker", "Running")
     other = manifests.JobSpec(
         image=IMAGE, job=job_options(("python", "x.py"), job_id="other"), namespace=NS
@@ -574,6 +665,10 @@ def test_delete_removes_the_jobs_objects_and_pods_and_keeps_etcd(
     assert names(kube, "StatefulSet") == {"elastic-allreduce-etcd"}
     assert names(kube, "Service") == {"elastic-allreduce-etcd", "elastic-allreduce-etcd-peer"}
     assert names(kube, "Job") == {"other-launcher"}
+    # The checkpoints stay, and so does the cluster's admission policy.
+    assert names(kube, "PersistentVolumeClaim") == {"elastic-allreduce-checkpoints"}
+    assert names(kube, "ValidatingAdmissionPolicy", None) == {"elastic-allreduce-launcher-pods"}
+    assert "ServiceAccount/demo-worker: deleted" in out
     code, _, err = run(
         capsys, "k8s", "delete", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
     )

@@ -6,10 +6,12 @@ launcher Job's command line parses with ``elastic-run run`` back to the job's op
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
+import tempfile
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from launcher import job_options
 from launcher.job_options import JobOptions
 from launcher.k8s import manifests as m
 from launcher.k8s import naming as n
+from launcher.observe.events import default_events_file
 from launcher.security_cli import security_from_args
 from tests.conftest import ROOT
 
@@ -35,7 +38,12 @@ NAMESPACES = {
 }
 #: A current Kubernetes version among those kubernetes-validate ships schemas for.
 VERSION = kubernetes_validate.latest_version()
-CLUSTER_SCOPED = {"Namespace", "PriorityClass"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "PriorityClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 CPU_COMMAND = ("python", "/opt/elastic-allreduce/examples/cnn_digits.py")
 
 Obj = dict[str, Any]
@@ -71,9 +79,21 @@ def one(objects: tuple[Obj, ...] | list[Obj], kind: str, name: str | None = None
     return found[0]
 
 
+#: The keys of the worker template's ConfigMap: the template, and the job's worker shape.
+TEMPLATE_DATA = {
+    n.TEMPLATE_KEY,
+    n.SHAPE_JOB,
+    n.SHAPE_IMAGES,
+    n.SHAPE_LAUNCHER_ACCOUNT,
+    n.SHAPE_WORKER_ACCOUNT,
+    n.SHAPE_SECRETS,
+    n.SHAPE_CLAIMS,
+}
+
+
 def worker_template(objects: tuple[Obj, ...] | list[Obj]) -> Obj:
     config_map = one(objects, "ConfigMap")
-    assert set(config_map["data"]) == {n.TEMPLATE_KEY}
+    assert set(config_map["data"]) == TEMPLATE_DATA
     template = yaml.safe_load(config_map["data"][n.TEMPLATE_KEY])
     assert isinstance(template, dict)
     return template
@@ -121,6 +141,8 @@ def test_every_object_of_every_overlay_validates(overlay: str) -> None:
             "Service",
             "Service",
             "StatefulSet",
+            "PersistentVolumeClaim",
+            "ServiceAccount",
             "ServiceAccount",
             "Role",
             "RoleBinding",
@@ -181,7 +203,8 @@ def test_the_launcher_has_exactly_the_least_privilege_it_needs(overlay: str) -> 
     }
     assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
     binding = one(objects, "RoleBinding")
-    account = one(objects, "ServiceAccount")
+    job_id = flag(launcher_container(objects)["args"], "--job-id")
+    account = one(objects, "ServiceAccount", f"{job_id}-launcher")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -196,7 +219,14 @@ def test_the_launcher_has_exactly_the_least_privilege_it_needs(overlay: str) -> 
     ]
     pod_spec = one(objects, "Job")["spec"]["template"]["spec"]
     assert pod_spec["serviceAccountName"] == account["metadata"]["name"]
-    assert worker_template(objects)["spec"]["automountServiceAccountToken"] is False
+    # The workers run as a service account of their own that nothing grants any right, and
+    # mount no token of it.
+    workers = one(objects, "ServiceAccount", f"{job_id}-worker")
+    assert workers["automountServiceAccountToken"] is False
+    template = worker_template(objects)["spec"]
+    assert template["serviceAccountName"] == workers["metadata"]["name"]
+    assert template["automountServiceAccountToken"] is False
+    assert [s["name"] for s in binding["subjects"]] == [account["metadata"]["name"]]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -241,7 +271,7 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
     assert config_map["metadata"]["name"] == f"{job_id}-worker-template"
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert set(mounts) == set(volumes) == {"worker-template", "etcd-client"}
+    assert set(mounts) == set(volumes) == {"worker-template", "tmp", "etcd-client"}
     assert mounts["worker-template"]["mountPath"] == n.TEMPLATE_DIR
     assert volumes["worker-template"]["configMap"]["name"] == config_map["metadata"]["name"]
     assert_mounts_the_jobs_etcd_client_secret(mounts, volumes, job_id)
@@ -304,7 +334,7 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
     )
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert spec["restartPolicy"] == "Never"
-    assert spec["terminationGracePeriodSeconds"] == 90
+    assert spec["terminationGracePeriodSeconds"] == m.WORKER_GRACE_SECONDS
     assert spec["priorityClassName"] == one(objects, "PriorityClass")["metadata"]["name"]
     gpus = container["resources"]["limits"].get(n.GPU_RESOURCE)
     nproc = int(flag(launcher["args"], "--nproc-per-node"))
@@ -488,11 +518,22 @@ def normalized(objects: tuple[Obj, ...] | list[Obj]) -> dict[tuple[str, str], Ob
     return result
 
 
+#: Where k8s/ mounts the checkpoint claim in the worker pods.
+CHECKPOINTS = "/checkpoints"
 BASE_JOB = job_options.job_options(
-    CPU_COMMAND, job_id=n.DEFAULT_JOB_ID, workers=2, min_workers=1, max_workers=4
+    CPU_COMMAND,
+    job_id=n.DEFAULT_JOB_ID,
+    workers=2,
+    min_workers=1,
+    max_workers=4,
+    checkpoint_dir=CHECKPOINTS,
 )
 BASE_SPEC = m.JobSpec(
-    image="elastic-allreduce:0.1.0", job=BASE_JOB, with_etcd=True, with_priority_class=True
+    image="elastic-allreduce:0.1.0",
+    job=BASE_JOB,
+    with_etcd=True,
+    with_priority_class=True,
+    with_checkpoint_claim=True,
 )
 GPU_SPEC = m.JobSpec(
     image="elastic-allreduce:0.1.0-gpu",
@@ -505,12 +546,14 @@ GPU_SPEC = m.JobSpec(
         max_workers=8,
         gpus_per_node=1,
         wait_timeout=900,
+        checkpoint_dir=CHECKPOINTS,
     ),
     namespace="elastic-allreduce-gpu",
     cpu="4",
     memory="16Gi",
     with_etcd=True,
     with_priority_class=True,
+    with_checkpoint_claim=True,
 )
 DEV_SPEC = m.JobSpec(
     image="elastic-allreduce:0.1.0",
@@ -519,6 +562,7 @@ DEV_SPEC = m.JobSpec(
     with_etcd=True,
     etcd_replicas=1,
     with_priority_class=True,
+    with_checkpoint_claim=True,
 )
 #: The job each overlay runs, as `elastic-run k8s render` is told it.
 OVERLAY_SPECS = {"base": BASE_SPEC, "overlays/dev": DEV_SPEC, "overlays/gpu-example": GPU_SPEC}
@@ -532,12 +576,17 @@ def test_the_gpu_example_is_what_render_prints_for_it() -> None:
     assert normalized(build("overlays/gpu-example")) == normalized(m.render(GPU_SPEC))
 
 
-def test_the_dev_overlay_differs_from_render_only_in_its_etcd() -> None:
+def test_the_dev_overlay_differs_from_render_only_in_its_etcd_and_claims_access_mode() -> None:
     built, rendered = normalized(build("overlays/dev")), normalized(m.render(DEV_SPEC))
     differing = {
         key for key in built.keys() | rendered.keys() if built.get(key) != rendered.get(key)
     }
-    assert differing == {("StatefulSet", "elastic-allreduce-etcd")}
+    claim = ("PersistentVolumeClaim", n.CHECKPOINT_CLAIM)
+    assert differing == {("StatefulSet", "elastic-allreduce-etcd"), claim}
+    # A one-node cluster's default storage class offers ReadWriteOnce (all pods on that node).
+    assert built[claim]["spec"].pop("accessModes") == ["ReadWriteOnce"]
+    assert rendered[claim]["spec"].pop("accessModes") == ["ReadWriteMany"]
+    assert built[claim] == rendered[claim]
 
 
 RENDER_SPECS = {
@@ -579,6 +628,20 @@ RENDER_SPECS = {
         image="ea:4",
         job=job_options.job_options(("python", "train.py"), job_id="ext-tls"),
         etcd="https://etcd-0.infra:2379,https://etcd-1.infra:2379",
+    ),
+    "checkpoints, TensorBoard, admission policy, API server": m.JobSpec(
+        image="registry.example.com/ea:5",
+        job=job_options.job_options(
+            ("python", "train.py"), job_id="tb-1", checkpoint_dir="/ckpt", keep_checkpoints=3
+        ),
+        namespace="team-b",
+        checkpoint_claim="team-b-ckpt",
+        with_checkpoint_claim=True,
+        checkpoint_size="100Gi",
+        checkpoint_storage_class="filestore-rwx",
+        tensorboard_dir="/ckpt/tensorboard/tb-1",
+        with_admission_policy=True,
+        api_server_cidrs=("10.0.0.1/32", "fd00::1/128"),
     ),
     "no network policy, external etcd": m.JobSpec(
         image="ea:2",
@@ -675,6 +738,7 @@ def test_the_rendered_launcher_command_parses_back_to_the_same_job(name: str) ->
     parsed, job = parse_launcher_args(m.launcher_args(spec), spec.namespace)
     assert job == spec.job
     assert parsed.etcd == spec.etcd_endpoints
+    assert parsed.tensorboard_dir == spec.tensorboard_dir
     assert job_options.job_settings(job) == job_options.job_settings(spec.job)
 
 
@@ -710,3 +774,178 @@ def test_the_worker_pods_made_from_the_template_validate(overlay: str) -> None:
         "ELASTIC_ALLREDUCE_NODE_ID",
         "ELASTIC_ALLREDUCE_HOST",
     } <= env
+
+
+# -- checkpoints, TensorBoard, grace period ------------------------------------------------------
+
+
+def claim_mounts(pod_spec: Obj) -> dict[str, str]:
+    """The pod's mount path of each PersistentVolumeClaim it mounts, by claim name."""
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod_spec.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    return {
+        claims[mount["name"]]: mount["mountPath"]
+        for container in pod_spec["containers"]
+        for mount in container.get("volumeMounts", [])
+        if mount["name"] in claims
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_workers_mount_the_checkpoint_claim_at_the_jobs_checkpoint_dir(overlay: str) -> None:
+    objects = build(overlay)
+    args = launcher_container(objects)["args"]
+    assert flag(args, "--checkpoint-dir") == CHECKPOINTS
+    claim = one(objects, "PersistentVolumeClaim")
+    name = claim["metadata"]["name"]
+    assert claim_mounts(worker_template(objects)["spec"]) == {name: CHECKPOINTS}
+    # Writable for the images' group: the pods' fsGroup is the Dockerfiles' USER group.
+    for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
+        assert f"USER {m.IMAGE_GROUP}:{m.IMAGE_GROUP}" in (ROOT / dockerfile).read_text()
+    assert worker_template(objects)["spec"]["securityContext"]["fsGroup"] == m.IMAGE_GROUP
+    # Shared by the namespace's jobs (each in its folder), kept when a job is deleted.
+    assert n.JOB_LABEL not in claim["metadata"]["labels"]
+    modes = claim["spec"]["accessModes"]
+    assert modes == (["ReadWriteOnce"] if overlay == "overlays/dev" else ["ReadWriteMany"])
+    # The launcher writes no checkpoint: it mounts the claim only for a TensorBoard folder.
+    assert claim_mounts(one(objects, "Job")["spec"]["template"]["spec"]) == {}
+
+
+def test_render_mounts_the_claim_only_with_a_checkpoint_dir() -> None:
+    plain = RENDER_SPECS["defaults"]
+    objects = m.render(plain)
+    assert claim_mounts(worker_template(objects)["spec"]) == {}
+    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    spec = RENDER_SPECS["checkpoints, TensorBoard, admission policy, API server"]
+    objects = m.render(spec)
+    claim = one(objects, "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "team-b-ckpt"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "100Gi"}},
+        "storageClassName": "filestore-rwx",
+    }
+    assert claim_mounts(worker_template(objects)["spec"]) == {"team-b-ckpt": "/ckpt"}
+
+
+def test_the_tensorboard_dir_is_on_the_claim_that_the_launcher_and_the_workers_mount() -> None:
+    spec = RENDER_SPECS["checkpoints, TensorBoard, admission policy, API server"]
+    objects = m.render(spec)
+    args = launcher_container(objects)["args"]
+    tensorboard = flag(args, "--tensorboard-dir")
+    assert tensorboard == "/ckpt/tensorboard/tb-1"
+    launcher_mounts = claim_mounts(one(objects, "Job")["spec"]["template"]["spec"])
+    worker_mounts = claim_mounts(worker_template(objects)["spec"])
+    assert launcher_mounts == worker_mounts == {"team-b-ckpt": "/ckpt"}
+    assert tensorboard.startswith("/ckpt/")
+    # Not the job's own checkpoint folder.
+    assert not tensorboard.startswith(f"/ckpt/{spec.job_id}/")
+
+
+def test_the_worker_grace_period_outlasts_the_agents_graceful_leave() -> None:
+    from launcher.agent import NodeTemplate  # noqa: PLC0415
+
+    [leave] = [f.default for f in fields(NodeTemplate) if f.name == "leave_timeout"]
+    assert isinstance(leave, float)
+    assert leave + 30 <= m.WORKER_GRACE_SECONDS
+    for overlay in OVERLAYS:
+        spec = worker_template(build(overlay))["spec"]
+        assert spec["terminationGracePeriodSeconds"] == m.WORKER_GRACE_SECONDS
+
+
+# -- read-only root filesystems, egress ----------------------------------------------------------
+
+
+def writable_paths(pod_spec: Obj, container: Obj) -> set[str]:
+    """The container's writable mounts (volumes that are not read-only by kind or mount)."""
+    read_only_kinds = ("secret", "configMap", "downwardAPI", "projected")
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    return {
+        mount["mountPath"]
+        for mount in container.get("volumeMounts", [])
+        if not mount.get("readOnly")
+        and not any(kind in volumes.get(mount["name"], {}) for kind in read_only_kinds)
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_and_etcd_run_on_read_only_root_filesystems(overlay: str) -> None:
+    objects = build(overlay)
+    pod = one(objects, "Job")["spec"]["template"]["spec"]
+    [launcher] = pod["containers"]
+    assert launcher["securityContext"]["readOnlyRootFilesystem"] is True
+    # The launcher writes its events file under the temp folder (/tmp: the images set no
+    # TMPDIR), and nothing else without --tensorboard-dir: /tmp is its only writable mount.
+    assert writable_paths(pod, launcher) == {"/tmp"}
+    tmp = {v["name"]: v for v in pod["volumes"]}["tmp"]
+    assert tmp == {"name": "tmp", "emptyDir": {"sizeLimit": m.LAUNCHER_TMP_LIMIT}}
+    for dockerfile in ("Dockerfile", "Dockerfile.gpu"):
+        assert "TMPDIR" not in (ROOT / dockerfile).read_text()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TMPDIR", raising=False)
+        patch.setattr(tempfile, "tempdir", None)
+        assert str(default_events_file("elastic-job")).startswith(tempfile.gettempdir() + "/")
+    # etcd writes only its data directory, on its volume.
+    etcd = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    [server] = etcd["containers"]
+    assert server["securityContext"]["readOnlyRootFilesystem"] is True
+    data_dir = etcd_env(objects)["ETCD_DATA_DIR"]
+    assert [p for p in writable_paths(etcd, server) if data_dir.startswith(p + "/")]
+    # The workers run the user's training script, which may write anywhere: not read-only.
+    [worker] = worker_template(objects)["spec"]["containers"]
+    assert "readOnlyRootFilesystem" not in worker["securityContext"]
+
+
+def matches(selector: Obj, labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def egress_of(objects: tuple[Obj, ...] | list[Obj], labels: dict[str, str]) -> list[Obj]:
+    """Every egress rule that applies to a pod with ``labels``; each NetworkPolicy that selects
+    it must limit its egress (else it would be open)."""
+    policies = [
+        p["spec"]
+        for p in objects
+        if p["kind"] == "NetworkPolicy" and matches(p["spec"]["podSelector"], labels)
+    ]
+    assert any("Egress" in p["policyTypes"] for p in policies), "egress not limited"
+    return [rule for p in policies if "Egress" in p["policyTypes"] for rule in p["egress"]]
+
+
+@pytest.mark.parametrize(
+    ("objects", "api_server"),
+    [
+        *((pytest.param(build(o), None, id=o)) for o in OVERLAYS),
+        pytest.param(
+            m.render(RENDER_SPECS["checkpoints, TensorBoard, admission policy, API server"]),
+            ["10.0.0.1/32", "fd00::1/128"],
+            id="render --api-server-cidr",
+        ),
+    ],
+)
+def test_the_launcher_reaches_only_its_job_etcd_dns_and_the_api_server(
+    objects: tuple[Obj, ...] | list[Obj], api_server: list[str] | None
+) -> None:
+    job = one(objects, "Job")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    job_id = labels[n.JOB_LABEL]
+    etcd = {"podSelector": {"matchLabels": n.etcd_labels()}}
+    tcp = [{"protocol": "TCP", "port": port} for port in (443, 6443)]
+    expected = [
+        # Its own job's pods: the workers' notification services (ring changes).
+        {"to": [{"podSelector": {"matchLabels": {n.JOB_LABEL: job_id}}}]},
+        {"to": [etcd], "ports": [{"protocol": "TCP", "port": n.ETCD_CLIENT_PORT}]},
+        {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"ports": tcp}
+        if api_server is None
+        else {"to": [{"ipBlock": {"cidr": c}} for c in api_server], "ports": tcp},
+    ]
+
+    def canonical(rules: list[Obj]) -> list[str]:
+        return sorted(json.dumps(rule, sort_keys=True) for rule in rules)
+
+    assert canonical(egress_of(objects, labels)) == canonical(expected)
