@@ -15,7 +15,9 @@ The agent runs every training process through this module, which
    collective waiting on a peer that already gave up then fails at once instead of after
    Gloo's timeout;
 5. starts the progress beacon (:mod:`elastic_allreduce.progress`): about once a second it tells
-   the launcher's hang watchdog how far this process got, and sends its stacks when asked;
+   the launcher's hang watchdog how far this process got, and sends its stacks when asked; and
+   follows the launcher to a new address when another one takes the job over
+   (:mod:`elastic_allreduce.follow`);
 6. installs :mod:`elastic_allreduce.hooks` into Horovod's elastic API (state syncs agree on the
    state's shape first; a slot removed from the ring exits quietly at its reset; every
    ``hvd.init()`` tells the guard which connections are Gloo's);
@@ -44,6 +46,7 @@ from elastic_allreduce.errors import (
     StateMismatchError,
     StoreError,
 )
+from elastic_allreduce.follow import LeaderFollower, capture_registration, each_record
 from elastic_allreduce.progress import REPORT_INTERVAL, Beacon
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import (
@@ -56,7 +59,7 @@ from elastic_allreduce.records.values import (
     RingState,
 )
 from elastic_allreduce.rendezvous import protocol
-from elastic_allreduce.store import EtcdStore, EventType, Lease, Watch
+from elastic_allreduce.store import EtcdStore, Lease, Watch
 
 log = logging.getLogger("elastic_allreduce.bootstrap")
 
@@ -216,20 +219,7 @@ class RingGuard:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                event = self._watch.get(1.0)
-            except StoreError as exc:
-                log.warning("slot %s: ring guard stopped: %s", self._slot, exc)
-                return
-            if event is None or event.type is not EventType.PUT or event.kv is None:
-                continue
-            try:
-                ring = Ring.from_json(event.key, event.kv.value)
-            except ElasticAllreduceError as exc:
-                log.warning("slot %s: ignoring a malformed ring: %s", self._slot, exc)
-                continue
-            self._on_ring(ring)
+        each_record(self._watch, self._stop, Ring.from_json, self._on_ring, "ring (ring guard)")
 
     def _on_ring(self, ring: Ring) -> None:
         if ring.state is RingState.RUNNING and self._slot in ring.slots:
@@ -381,7 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     gloo = GlooSockets({port, *(endpoint.port for endpoint in store.endpoints)})
     guard = RingGuard(store, slot, admission.epoch, gloo)
     guard.start()
-    Beacon(rendezvous, slot, record.incarnation, _progress_interval()).start()
+    follower = LeaderFollower(store, slot, rendezvous)
+    follower.start(store)
+    Beacon(follower.address, slot, record.incarnation, _progress_interval()).start()
+    capture_registration()
     from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 
     hooks.install(store, gloo)

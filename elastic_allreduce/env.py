@@ -60,6 +60,8 @@ INCARNATION: Final = "ELASTIC_ALLREDUCE_INCARNATION"
 GPU_INDEX: Final = "ELASTIC_ALLREDUCE_GPU_INDEX"
 #: TTL in seconds of a training process's liveness lease (set by the agent).
 PROCESS_TTL: Final = "ELASTIC_ALLREDUCE_PROCESS_TTL"
+#: Seconds an agent keeps its node in a job that has no launcher (default 60).
+LEADERLESS_GRACE: Final = "ELASTIC_ALLREDUCE_LEADERLESS_GRACE"
 #: Seconds a training process's store calls wait out an unreachable etcd (--outage-timeout).
 OUTAGE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_OUTAGE_TIMEOUT"
 #: The ring epoch a training process joined first (set by the bootstrap).

@@ -249,10 +249,15 @@ class Beacon:
     """The daemon thread that reports this process's progress to the launcher."""
 
     def __init__(
-        self, rendezvous: str, slot: str, incarnation: int, interval: float = REPORT_INTERVAL
+        self,
+        rendezvous: str | Callable[[], str],
+        slot: str,
+        incarnation: int,
+        interval: float = REPORT_INTERVAL,
     ) -> None:
-        self._progress_url = protocol.progress_url(rendezvous, slot)
-        self._stacks_url = protocol.stacks_url(rendezvous, slot)
+        #: The launcher's address now (a callable follows a launcher that took the job over).
+        self._rendezvous = rendezvous if callable(rendezvous) else lambda: rendezvous
+        self._slot = slot
         self._incarnation = incarnation
         self._interval = interval
         self._main = threading.main_thread()
@@ -270,12 +275,19 @@ class Beacon:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            rendezvous = self._rendezvous()
             try:
                 reply = protocol.ProgressReply.decode(
-                    _put(self._progress_url, current_report(self._incarnation).encode())
+                    _put(
+                        protocol.progress_url(rendezvous, self._slot),
+                        current_report(self._incarnation).encode(),
+                    )
                 )
                 if reply.send_stacks:
-                    _put(self._stacks_url, stacks_report(self._incarnation, self._main).encode())
+                    _put(
+                        protocol.stacks_url(rendezvous, self._slot),
+                        stacks_report(self._incarnation, self._main).encode(),
+                    )
                 self._failures = 0
             except (OSError, ProtocolError) as exc:
                 # The launcher may be re-forming or gone; the next report tries again.

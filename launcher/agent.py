@@ -83,6 +83,10 @@ STATE_CHECK_INTERVAL: Final = 0.1
 STANDING_INTERVAL: Final = 1.0
 #: Seconds between two log lines saying that the node rides out an etcd outage.
 OUTAGE_NOTE_INTERVAL: Final = 10.0
+#: Seconds a node keeps training for a job with no launcher (none took over) before it leaves.
+LEADERLESS_GRACE: Final = 60.0
+#: The agent's exit code when it left a job that had no launcher for LEADERLESS_GRACE.
+ORPHANED_EXIT_CODE: Final = 4
 #: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
 LEAVING_OUTAGE_WAIT: Final = 5.0
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
@@ -192,6 +196,13 @@ class Agent:
         self._next_standing = 0.0
         self._standing: NodeStanding | None = None
         self._next_outage_note = 0.0
+        self._leaderless_since: float | None = None
+        self._leaderless_grace = env.seconds(
+            env.LEADERLESS_GRACE,
+            LEADERLESS_GRACE,
+            below=86400,
+            hint=f"a node waits for a launcher this long; default {LEADERLESS_GRACE:g}",
+        )
         inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
         self._devices = slot_devices(inherited, settings.nproc_per_node)
         check_command(settings.command, settings.workdir)
@@ -397,11 +408,14 @@ class Agent:
                 )
                 if job.ring is not None:
                     self._ring = job.ring.record
+                rendezvous = self._follow_leader(job, rendezvous)
                 if job.status is not None and job.status.record.phase.final:
                     return 0
                 directive = job.directives.get(node)
                 if directive is not None:
                     self._apply(directive.record, rendezvous)
+            if self._orphaned():
+                return ORPHANED_EXIT_CODE
             if self._leaving:
                 if not self._procs:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
@@ -414,6 +428,43 @@ class Agent:
                 return 0
             changed = self._handle(cache, drain(self._events, timeout=self._wait_time()))
             self._kill_stopped()
+
+    def _follow_leader(self, job: JobSnapshot, rendezvous: str) -> str:
+        """The launcher's rendezvous address now (a new launcher took the job over: its own),
+        and since when the job has had none."""
+        if job.leader is None:
+            self._leaderless_since = self._leaderless_since or time.monotonic()
+            return rendezvous
+        self._leaderless_since = None
+        moved = job.leader.record.rendezvous
+        if moved is None or moved == rendezvous:
+            return rendezvous
+        log.info(
+            "[%s node %s] a new launcher leads the job; its rendezvous is at %s",
+            self.settings.job_id,
+            self.settings.node_id,
+            moved,
+        )
+        return moved
+
+    def _orphaned(self) -> bool:
+        """Whether the job has had no launcher for the leaderless grace (its launcher is gone
+        for good and no standby took over): then this node stops its processes and leaves,
+        rather than hold its machine (a GPU) for a job nobody leads."""
+        since = self._leaderless_since
+        if since is None or time.monotonic() - since < self._leaderless_grace:
+            return False
+        log.warning(
+            "[%s node %s] the job has had no launcher for %.0f s (gone, and no standby took "
+            "over): stopping this node's processes and leaving; start `elastic-run run` with "
+            "the same --etcd and --job-id to take the job over",
+            self.settings.job_id,
+            self.settings.node_id,
+            time.monotonic() - since,
+        )
+        self._stop_all(grace=5.0)
+        self._procs.clear()
+        return True
 
     def _ride_out(self, lease: Lease, rendezvous: str) -> bool:
         """The lease could not be renewed for its TTL, or etcd let it expire: whether the node

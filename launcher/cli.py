@@ -86,6 +86,13 @@ def _build_parser() -> argparse.ArgumentParser:
         description=_RUN_DESCRIPTION,
     )
     _add_local_job_flags(run)
+    run.add_argument(
+        "--standby",
+        action="store_true",
+        help="stand by as the job's next launcher: wait while another launcher leads it (same "
+        "--etcd and --job-id), take the running job over when that one is gone (no restart, "
+        "no rollback), and exit with the job's result; needs --etcd",
+    )
     kube = run.add_argument_group(
         "Kubernetes mode",
         "the launcher runs in a pod and starts each worker node as a pod of --worker-template; "
@@ -507,10 +514,21 @@ def _tensorboard_checked(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def _standby(args: argparse.Namespace) -> bool:
+    """Whether `run --standby` was asked for (with the --etcd it needs); `train` has none."""
+    standby = bool(getattr(args, "standby", False))
+    if standby and not args.etcd:
+        raise ConfigError(
+            "--standby needs the leader's etcd: pass --etcd HOST:PORT (a private etcd dies "
+            "with the launcher that started it)"
+        )
+    return standby
+
+
 def _run_job(args: argparse.Namespace) -> int:
     """`elastic-run run`: lead one job, locally or (--kubernetes) with worker pods; the job's
     flags are those of launcher/job_options.py, shared with `elastic-run k8s render|submit`."""
-    options = job_options.from_args(args)
+    options, standby = job_options.from_args(args), _standby(args)
     kube_mode = None
     if args.kubernetes:
         # `-- train --model-def ...` (a hand-written launcher pod): the runner's command, as
@@ -589,7 +607,9 @@ def _run_job(args: argparse.Namespace) -> int:
             result = run_in_kubernetes(launch, kube_mode, observer)
         else:
             launch = LaunchSettings(options.workers, settings, template, host)
-            result = Launcher(launch, LocalProvisioner(template), observer=observer).run()
+            result = Launcher(
+                launch, LocalProvisioner(template), observer=observer, standby=standby
+            ).run()
     print(
         f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "
         f"{result.reason}",

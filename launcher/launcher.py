@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final
 
+from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import (
     ConfigError,
     ElasticAllreduceError,
@@ -49,7 +50,7 @@ from elastic_allreduce.records.values import (
     RingState,
 )
 from elastic_allreduce.rendezvous.protocol import Admission, host_port
-from elastic_allreduce.store import EtcdStore, KeyValue, Lease
+from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.agent import NodeTemplate
 from launcher.observe import tensorboard
@@ -188,8 +189,12 @@ class Launcher:
         provisioner: Provisioner,
         on_event: EventSink | None = None,
         observer: JobObserver | None = None,
+        *,
+        standby: bool = False,
     ) -> None:
         self.settings = settings
+        #: Wait while another launcher leads the job, then take it over (``--standby``).
+        self.standby = standby
         self.provisioner = provisioner
         self.on_event = on_event
         #: Events file, metrics and dashboard (launcher.observe); None: nothing observed.
@@ -225,10 +230,12 @@ class Launcher:
         """
         lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
         try:
-            self._become_leader(lease)
-            self._write_config()
+            ended = self._become_leader(lease)
+            if ended is not None:
+                return ended
+            adopted = self._write_config()
             try:
-                return self._lead(lease)
+                return self._lead(lease, adopted)
             except KeyboardInterrupt:
                 # Asked to stop: record it, but do not wait out a long etcd outage for that.
                 self.store.outage_timeout = min(self.store.outage_timeout, STOPPING_OUTAGE_WAIT)
@@ -257,21 +264,42 @@ class Launcher:
         program that embeds the launcher; the CLI's SIGINT and SIGTERM do the same."""
         self._inbox.put(_Stop(reason))
 
-    def _lead(self, lease: Lease) -> JobResult:
+    def _lead(self, lease: Lease, adopted: bool) -> JobResult:
         port = self.rendezvous.start()
         rendezvous = host_port(self.settings.rendezvous_host, port)
         dashboard = self._serve_dashboard()
         self._leader_record = LeaderRecord(rendezvous, dashboard)
         self.store.put(keys.LEADER, self._leader_record.to_json(), lease=lease)
-        self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
+        self._write(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
         policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
         self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
-        nodes = self.provisioner.start_nodes(self.settings.workers)
-        policy.nodes_started(nodes, time.monotonic())
+        if adopted:
+            self._adopt(policy)
+            nodes: list[str] = []
+        else:
+            nodes = self.provisioner.start_nodes(self.settings.workers)
+            policy.nodes_started(nodes, time.monotonic())
         self._log(f"job {self.settings.job_id}: started nodes {nodes}; rendezvous at {rendezvous}")
         if self.observer is not None:
             self.observer.started(rendezvous, nodes)
         return self._loop(policy)
+
+    def _adopt(self, policy: RingPolicy) -> None:
+        """Take the job over from the store (see RingPolicy.adopt): the ring and its revision
+        (this launcher's next epoch is a compare-and-swap on it), members, processes,
+        directives. Workers learn the new rendezvous address from the leader record."""
+        job = parse_job(self.store.get_prefix().items, 0)
+        self._report_skipped(job)
+        ring = None
+        if job.ring is not None:
+            ring = job.ring.record
+            self._ring_revision = job.ring.mod_revision
+            self._epoch = ring.epoch
+        directives = {
+            node: dict(stored.record.incarnations) for node, stored in job.directives.items()
+        }
+        for decision in policy.adopt(ring, self._view(job), directives):
+            self._execute(decision)
 
     def _serve_dashboard(self) -> str | None:
         """Start the dashboard, /metrics and /api on --metrics-port; its address, if served."""
@@ -284,9 +312,12 @@ class Launcher:
         return address
 
     def _fail(self, reason: str) -> JobResult:
-        """Record that the job failed (best effort: etcd may be the reason) and say so."""
+        """Record that the job failed (best effort: etcd may be the reason; never over a
+        successor's record) and say so."""
         try:
-            self.store.put(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
+            self._write(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
+        except LeadershipLostError as exc:
+            log.warning("not recording the job's failure: %s", exc)
         except StoreError as exc:
             log.warning("could not record the job's failure in the store: %s", exc)
         if self.observer is not None:
@@ -294,32 +325,73 @@ class Launcher:
         self._log(f"job {self.settings.job_id} failed: {reason}")
         return JobResult(False, reason)
 
-    def _become_leader(self, lease: Lease) -> None:
-        if self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease) is not None:
-            return
-        raise ConfigError(
-            f"job {self.settings.job_id!r} already has a live launcher at {self.store.describe()}; "
-            "use another --job-id, or `elastic-run join` to add a worker to it"
-        )
+    def _become_leader(self, lease: Lease) -> JobResult | None:
+        """Create ``launcher/leader`` under ``lease``. A standby waits while another launcher
+        holds it and returns the job's result if the job ends meanwhile; otherwise a live
+        leader is one clear ConfigError."""
+        while True:
+            if (
+                self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease)
+                is not None
+            ):
+                return None
+            if not self.standby:
+                raise ConfigError(
+                    f"job {self.settings.job_id!r} already has a live launcher at "
+                    f"{self.store.describe()}; use another --job-id, `elastic-run join` to add "
+                    "a worker to it, or `elastic-run run --standby` to stand by as its next "
+                    "launcher"
+                )
+            ended = self._stand_by()
+            if ended is not None:
+                return ended
 
-    def _write_config(self) -> None:
+    def _stand_by(self) -> JobResult | None:
+        """Wait until the leader key is gone (then: None, try to lead) or the job ended (its
+        result)."""
+        self._log("standing by: another launcher leads the job; taking over when it is gone")
+        with self.store.watch_prefix(keys.LEADER) as watch:
+            while True:
+                phase, reason = self._stored_phase()
+                if phase is not None and phase.final:
+                    self._log(f"the job {phase.value} while this launcher stood by: {reason}")
+                    return JobResult(phase is JobPhase.SUCCEEDED, reason or phase.value)
+                if self.store.get(keys.LEADER) is None:
+                    return None
+                event = watch.get(1.0)
+                if event is not None and event.type is not EventType.PUT:
+                    return None
+
+    def _stored_phase(self) -> tuple[JobPhase | None, str | None]:
+        status = self.store.get(keys.JOB_STATUS)
+        if status is None or status.malformed is not None:
+            return None, None
+        with contextlib.suppress(MalformedValueError):
+            record = JobStatus.from_json(status.key, status.value)
+            return record.phase, record.reason
+        return None, None
+
+    def _write_config(self) -> bool:
+        """Write ``config/job``, or read it back from a job whose launcher is gone (whether
+        this launcher adopts a running job: then the stored settings are the job's)."""
         existing = self.store.get(keys.JOB_CONFIG)
         if existing is not None:
-            status = self.store.get(keys.JOB_STATUS)
-            phase = None
-            if status is not None and status.malformed is None:
-                with contextlib.suppress(MalformedValueError):
-                    phase = JobStatus.from_json(status.key, status.value).phase
+            phase, _ = self._stored_phase()
             if phase is not None and phase.final:
                 raise ConfigError(
                     f"job {self.settings.job_id!r} already {phase.value} at "
                     f"{self.store.describe()}; choose a new --job-id"
                 )
-            raise ConfigError(
-                f"job {self.settings.job_id!r} at {self.store.describe()} was started by a "
-                "launcher that is gone; taking over a job is not supported yet: choose a new "
-                "--job-id (the old keys stay for inspection with `elastic-run keys`)"
-            )
+            try:
+                stored = JobConfig.from_json(existing.key, existing.value)
+            except MalformedValueError as exc:
+                raise ConfigError(
+                    f"job {self.settings.job_id!r} cannot be taken over: its config/job is "
+                    f"unreadable ({exc}); choose a new --job-id"
+                ) from exc
+            self.settings = replace(self.settings, job=stored.settings)
+            self._log(f"taking over job {self.settings.job_id}, whose launcher is gone")
+            return True
         nodes = self.settings.nodes
         config = JobConfig(
             self.settings.job,
@@ -330,6 +402,7 @@ class Launcher:
             nodes.keep_checkpoints,
         )
         self.store.put(keys.JOB_CONFIG, config.to_json())
+        return False
 
     def _loop(self, policy: RingPolicy) -> JobResult:
         cache = PrefixCache(self.store, self._inbox)
@@ -363,6 +436,28 @@ class Launcher:
         finally:
             cache.close()
 
+    def _guard(self) -> Guard:
+        """The condition of every leader's write: the leader key is still under this
+        launcher's lease."""
+        if self._lease is None:
+            raise self._lost_leadership()
+        return Guard(keys.LEADER, self._lease.id)
+
+    def _write(self, key: str, value: JsonValue) -> None:
+        """A leader's write: only while this launcher leads (LeadershipLostError if not)."""
+        if self.store.put_guarded(key, value, guard=self._guard()) is None:
+            raise self._lost_leadership()
+
+    def _leads(self) -> bool:
+        held = self.store.get(keys.LEADER)
+        return held is not None and self._lease is not None and held.lease == self._lease.id
+
+    def _lost_leadership(self) -> LeadershipLostError:
+        return LeadershipLostError(
+            f"job {self.settings.job_id}: this launcher no longer leads the job (its lease "
+            "expired and another launcher took over); it stopped without writing anything"
+        )
+
     def _check_leadership(self) -> None:
         """After an etcd outage: hold back decisions about vanished records, and lead again
         under a new lease if etcd let this one expire (LeadershipLostError if another launcher
@@ -378,10 +473,7 @@ class Launcher:
         if self.store.create(keys.LEADER, self._leader_record.to_json(), lease=lease) is None:
             lease.revoke()
             self._lease = None
-            raise LeadershipLostError(
-                f"job {self.settings.job_id}: this launcher's lease expired and another "
-                "launcher leads the job now; this one stopped without writing anything"
-            )
+            raise self._lost_leadership()
         self._hold.outage(time.monotonic())
         self._log(
             "etcd let this launcher's lease expire while it was away; leading again under a "
@@ -425,7 +517,7 @@ class Launcher:
                     rank.stacks.rstrip(),
                 )
         try:
-            self.store.put(keys.HANG, _for_the_store(record).to_json())
+            self._write(keys.HANG, _for_the_store(record).to_json())
         except StoreError as exc:
             log.warning("could not record the hang diagnosis in the store: %s", exc)
         if self.observer is not None:
@@ -450,7 +542,7 @@ class Launcher:
         ):
             return
         try:
-            self.store.put(keys.RANKS, record.to_json())
+            self._write(keys.RANKS, record.to_json())
         except StoreError as exc:
             log.warning("could not write the ranks' progress to the store: %s", exc)
             return
@@ -514,9 +606,14 @@ class Launcher:
         elif isinstance(decision, WriteRing):
             self._epoch = decision.ring.epoch
             revision = self.store.compare_and_swap(
-                keys.RING, decision.ring.to_json(), expected_mod_revision=self._ring_revision
+                keys.RING,
+                decision.ring.to_json(),
+                expected_mod_revision=self._ring_revision,
+                guard=self._guard(),
             )
             if revision is None:
+                if not self._leads():
+                    raise self._lost_leadership()
                 raise StoreError(
                     f"job {self.settings.job_id}: the ring was changed by someone else; "
                     "is a second launcher running?"
@@ -533,9 +630,7 @@ class Launcher:
         elif isinstance(decision, NotifyWorkers):
             self.rendezvous.notify(list(decision.slots), decision.timestamp)
         elif isinstance(decision, SetDirective):
-            self.store.put(
-                keys.directive(decision.node), Directive(decision.incarnations).to_json()
-            )
+            self._write(keys.directive(decision.node), Directive(decision.incarnations).to_json())
         elif isinstance(decision, FinishJob):
             return self._finish(decision)
         return None
@@ -550,7 +645,7 @@ class Launcher:
 
     def _finish(self, decision: FinishJob) -> JobResult:
         phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED
-        self.store.put(keys.JOB_STATUS, JobStatus(phase, decision.reason).to_json())
+        self._write(keys.JOB_STATUS, JobStatus(phase, decision.reason).to_json())
         if self.observer is not None:
             self.observer.finished(decision.succeeded, decision.reason)
         self._log(f"job {self.settings.job_id} {phase.value}: {decision.reason}")

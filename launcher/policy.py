@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Final
 
 from elastic_allreduce.errors import ElasticAllreduceError
-from elastic_allreduce.records.keys import split_slot
+from elastic_allreduce.records.keys import slot_id, split_slot
 from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
     STATE_MISMATCH_EXIT_CODE,
@@ -499,6 +499,54 @@ class RingPolicy:
             # agent cannot register under a taken id, so there is nothing new to wait for.
             if self.nodes.state(node) is NodeState.UNKNOWN:
                 self.nodes.move(node, NodeState.REQUESTED, now)
+
+    def adopt(
+        self, ring: Ring | None, view: JobView, directives: Mapping[str, Mapping[int, int]]
+    ) -> list[Decision]:
+        """Take over a running job whose launcher is gone, from what the store holds: its
+        ring (kept as it is: no new epoch, no rollback), its members (as nodes that joined by
+        themselves: this launcher did not start them and cannot start them again) and the
+        directives they follow. The restart budget starts anew."""
+        self.started_at = view.now - self.settings.start_grace
+        for node in view.members:
+            self.nodes.move(node, NodeState.REGISTERED, view.now)
+            self.joined.add(node)
+        live = sum(1 for m in view.members.values() if not m.leaving)
+        wanted = view.scale_target if view.scale_target is not None else live
+        self.scale_request = view.scale_target
+        self._set_target(
+            max(self.settings.min_workers, min(self.settings.max_workers, wanted)),
+            "the members of the job this launcher took over",
+        )
+        self.directives = {node: dict(slots) for node, slots in directives.items()}
+        for member in view.members.values():
+            if member.node not in self.directives:
+                self.directives[member.node] = {
+                    index: proc.incarnation if proc is not None else 1
+                    for index in range(member.slots)
+                    for proc in [view.procs.get(slot_id(member.node, index))]
+                }
+        self.incarnations = {slot: proc.incarnation for slot, proc in view.procs.items()}
+        for exit_ in view.exits:
+            # Handled by the launcher before: it already asked for a later incarnation.
+            node, index = split_slot(exit_.slot)
+            if self.directives.get(node, {}).get(index, 0) > exit_.incarnation:
+                self.handled_exits.add((exit_.slot, exit_.incarnation))
+        if ring is None:
+            return [Log("took over a job that had not formed its first ring yet")]
+        self.ring = ring
+        self.member_incarnations = {
+            slot: view.procs[slot].incarnation for slot in ring.slots if slot in view.procs
+        }
+        self.epoch_since = view.now
+        if ring.state is RingState.RUNNING:
+            self.holders = set(ring.slots)
+        return [
+            Log(
+                f"took over ring epoch {ring.epoch} ({ring.state.value}, {len(ring.slots)} "
+                f"ranks) and {len(view.members)} nodes; the ranks go on training"
+            )
+        ]
 
     def _set_target(self, workers: int, reason: str) -> None:
         """The one place the wanted number of nodes changes, and why (see target_reason)."""

@@ -34,9 +34,9 @@ from elastic_allreduce.records.values import (
 )
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import SlotAssignment
-from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Lease
+from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Guard, Lease
 from launcher.agent import NodeTemplate
-from launcher.launcher import JobResult, Launcher, LaunchSettings
+from launcher.launcher import JobResult, Launcher, LaunchSettings, LeadershipLostError
 from launcher.observe.events import EventKind, read_events
 from launcher.observe.observer import JobObserver, ObserverSettings
 from launcher.observe.timeline import build
@@ -302,3 +302,40 @@ def test_a_launcher_that_stops_on_an_error_records_the_failure(store: EtcdStore)
     assert job.status is not None and job.status.record.phase is JobPhase.FAILED
     assert job.status.record.reason == "the launcher stopped: the cluster refused to start pods"
     assert provisioner.closed and job.leader is None
+
+
+def test_a_launcher_whose_lease_lapsed_while_another_took_over_writes_nothing(
+    store: EtcdStore,
+) -> None:
+    provisioner = RecordingProvisioner()
+    with start_launcher(store, provisioner) as (result, _):
+        job = wait_for(store, lambda j: j.leader is not None and j.status is not None, 20, "lead")
+        assert job.leader is not None and job.leader.lease is not None
+        # Its lease expires (as in a SIGSTOP past the TTL) and a successor leads.
+        assert store.revoke_lease(job.leader.lease)
+        successor = store.grant_lease(5)
+        assert store.create(keys.LEADER, {"rendezvous": None}, lease=successor) is not None
+        with pytest.raises(LeadershipLostError, match="no longer leads the job"):
+            result.result(20)
+    after = read_job(store)
+    assert after.status is not None and after.status.record.phase is JobPhase.RUNNING
+    assert after.leader is not None and after.leader.lease == successor.id
+    successor.revoke()
+
+
+def test_a_guarded_write_needs_the_guard_key_under_that_lease(store: EtcdStore) -> None:
+    mine, other = store.grant_lease(5), store.grant_lease(5)
+    store.put(keys.LEADER, {"rendezvous": None}, lease=mine)
+    assert store.put_guarded(
+        keys.JOB_STATUS, {"phase": "running"}, guard=Guard(keys.LEADER, mine.id)
+    )
+    stale = Guard(keys.LEADER, other.id)
+    assert store.put_guarded(keys.JOB_STATUS, {"phase": "failed"}, guard=stale) is None
+    first = store.get(keys.RING)
+    assert first is None
+    assert store.compare_and_swap(keys.RING, 1, expected_mod_revision=0, guard=stale) is None
+    assert store.get(keys.RING) is None
+    status = store.get(keys.JOB_STATUS)
+    assert status is not None and status.value == {"phase": "running"}
+    mine.revoke()
+    other.revoke()

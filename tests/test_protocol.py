@@ -165,3 +165,12 @@ def test_stacks_are_cut_to_fit_the_limit() -> None:
     body = huge.encode()
     assert len(body) <= protocol.MAX_STACKS_BYTES
     assert protocol.StacksReport.decode(body).stacks.endswith("[cut]")
+
+
+def test_node_standing_round_trips_and_refuses_junk() -> None:
+    for standing in (protocol.NodeStanding(7, True), protocol.NodeStanding(0, False)):
+        assert protocol.NodeStanding.decode(standing.encode()) == standing
+    for junk in (b"", b"7", b"7,2", b"-1,1", b"a,b", b"1,1,1"):
+        with pytest.raises(ProtocolError):
+            protocol.NodeStanding.decode(junk)
+    assert protocol.standing_url("[::1]:80", "n1") == "http://[::1]:80/node_standing/n1"

@@ -12,7 +12,7 @@ from elastic_allreduce.store.api import (
     WatchEvent,
 )
 from elastic_allreduce.store.embedded import EmbeddedEtcd, ServerTls
-from elastic_allreduce.store.etcd import Endpoint, EtcdStore, parse_endpoints
+from elastic_allreduce.store.etcd import Endpoint, EtcdStore, Guard, parse_endpoints
 from elastic_allreduce.store.security import EtcdSecurity
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "EtcdSecurity",
     "EtcdStore",
     "EventType",
+    "Guard",
     "JsonValue",
     "KeyValue",
     "Lease",

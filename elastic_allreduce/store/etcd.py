@@ -74,6 +74,15 @@ DEFAULT_WATCH_GIVE_UP: Final = 60.0
 
 
 @dataclass(frozen=True)
+class Guard:
+    """A condition on a write: ``key`` exists and is attached to lease ``lease`` (the
+    launcher's leader key under its own lease: fencing, as etcd's election API does it)."""
+
+    key: str
+    lease: int
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """One etcd client URL: plain HTTP (shown as ``HOST:PORT``) or TLS (``https://HOST:PORT``)."""
 
@@ -589,10 +598,15 @@ class EtcdStore(Store):
         *,
         expected_mod_revision: int,
         lease: Lease | None = None,
+        guard: Guard | None = None,
     ) -> int | None:
+        """See Store.compare_and_swap; with ``guard``, also only while that key is held under
+        that lease (see :meth:`put_guarded`)."""
         request = self._put_request(key, value, lease)
         reply, retried = self._retrying(
-            lambda: self._txn(request["key"], expected_mod_revision, {"request_put": request})
+            lambda: self._txn(
+                request["key"], expected_mod_revision, {"request_put": request}, guard
+            )
         )
         if reply.get("succeeded"):
             return _int(reply["header"], "revision")
@@ -626,23 +640,55 @@ class EtcdStore(Store):
         return _int(responses[0].get("response_delete_range", {}), "deleted") > 0
 
     def _txn(
-        self, b64_key: str, expected_mod_revision: int, operation: Mapping[str, Any]
+        self,
+        b64_key: str,
+        expected_mod_revision: int | None,
+        operation: Mapping[str, Any],
+        guard: Guard | None = None,
     ) -> dict[str, Any]:
+        compare: list[dict[str, str]] = []
+        if expected_mod_revision is not None:
+            compare.append(
+                {
+                    "key": b64_key,
+                    "result": "EQUAL",
+                    "target": "MOD",
+                    "mod_revision": str(expected_mod_revision),
+                }
+            )
+        if guard is not None:
+            compare.append(
+                {
+                    "key": _b64(self.absolute(guard.key)),
+                    "result": "EQUAL",
+                    "target": "LEASE",
+                    "lease": str(guard.lease),
+                }
+            )
         return self._transport.call(
-            "kv/txn",
-            {
-                "compare": [
-                    {
-                        "key": b64_key,
-                        "result": "EQUAL",
-                        "target": "MOD",
-                        "mod_revision": str(expected_mod_revision),
-                    }
-                ],
-                "success": [operation],
-                "failure": [],
-            },
+            "kv/txn", {"compare": compare, "success": [operation], "failure": []}
         )
+
+    def put_guarded(
+        self, key: str, value: JsonValue, *, guard: Guard, lease: Lease | None = None
+    ) -> int | None:
+        """Write only while ``guard.key`` is held under ``guard.lease`` (a leader's writes:
+        a launcher that lost its leadership can never overwrite its successor's); the new
+        revision, or None when the guard failed and nothing was written."""
+        request = self._put_request(key, value, lease)
+        reply = self._call_txn(request["key"], None, {"request_put": request}, guard)
+        return _int(reply["header"], "revision") if reply.get("succeeded") else None
+
+    def _call_txn(
+        self,
+        b64_key: str,
+        expected_mod_revision: int | None,
+        operation: Mapping[str, Any],
+        guard: Guard | None,
+    ) -> dict[str, Any]:
+        return self._retrying(lambda: self._txn(b64_key, expected_mod_revision, operation, guard))[
+            0
+        ]
 
     # -- leases and watches ------------------------------------------------------------------
 

@@ -1,0 +1,160 @@
+"""A launcher is not a single point of failure (issue #12, item 1): a standby takes a running
+job over when the leader is SIGKILLed, and the same command run again adopts a job whose
+launcher is gone. The ranks go on training through it: no new ring, no rollback."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import statistics
+import time
+
+import pytest
+
+from elastic_allreduce.records import keys
+from elastic_allreduce.store import EmbeddedEtcd
+from tests.integration.harness import (
+    EA_SCRIPT,
+    ELASTIC_RUN,
+    Event,
+    Job,
+    join_job,
+    start_job,
+    watch_process,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS = 1500
+COMMIT_EVERY = 5
+SCRIPT_ARGS = (
+    *("--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY)),
+    *("--step-delay", "0.03", "--checkpoint-every", "1000"),
+)
+FLAGS = ("--workers", "0", "--min-workers", "2", "--max-workers", "2", "--max-restarts", "1")
+
+
+def gaps(commits: list[Event]) -> list[float]:
+    return [b.at - a.at for a, b in itertools.pairwise(commits)]
+
+
+def test_a_standby_takes_over_a_sigkilled_leader_and_training_never_stops(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    leader = start_job(etcd_server, *FLAGS, script=EA_SCRIPT, script_args=SCRIPT_ARGS)
+    jobs.append(leader)
+    leader.wait_for(lambda: any("started nodes" in line for line in leader.lines), 60, "leader")
+    standby = watch_process(
+        [
+            *(ELASTIC_RUN, "run", "--etcd", etcd_server.endpoints_text, "--standby"),
+            *("--job-id", leader.job_id, *FLAGS, "--", "python", EA_SCRIPT, *SCRIPT_ARGS),
+        ],
+        etcd_server,
+        leader.job_id,
+    )
+    jobs.append(standby)
+    standby.wait_for(
+        lambda: any("standing by" in line for line in standby.lines), 60, "the standby"
+    )
+    nodes = [join_job(etcd_server, leader) for _ in range(2)]
+    jobs.extend(nodes)
+
+    def commits() -> list[Event]:
+        return [e for node in nodes for e in node.commits(2)]
+
+    nodes[0].wait_for(lambda: len(commits()) >= 20, 120, "commits at size 2")
+    epochs = {e.epoch for e in commits()}
+    slots = {e.slot for e in commits()}
+    pids = {slot: leader.pid(keys.proc(slot)) for slot in slots}
+    leader.proc.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    standby.wait_for(
+        lambda: any("took over ring epoch" in line for line in standby.lines),
+        30,
+        "the standby taking over",
+    )
+    took_over_at = time.monotonic()
+    nodes[0].wait_for(
+        lambda: all(
+            any(e.slot == slot and e.at > took_over_at + 2.0 for e in commits()) for slot in slots
+        ),
+        30,
+        "commits after the takeover",
+    )
+    # Training never stopped: every rank kept committing at its pace, in the same epoch.
+    around = [e for e in commits() if killed_at - 2.0 <= e.at <= time.monotonic()]
+    assert {e.epoch for e in around} <= epochs, "\n".join(standby.lines[-40:])
+    for slot in slots:
+        mine = sorted((e for e in commits() if e.slot == slot), key=lambda e: e.at)
+        normal = statistics.median(gaps(mine))
+        window = [e for e in mine if e.at >= killed_at - 1.0]
+        assert max(gaps(window)) <= max(1.0, 5 * normal), (slot, normal, gaps(window))
+        assert leader.pid(keys.proc(slot)) == pids[slot]
+
+    # A worker SIGKILLed after the takeover is recovered by the new leader.
+    victim = next(e.slot for e in commits() if e.data["rank"] == 1)
+    os.kill(pids[victim], signal.SIGKILL)
+    standby.wait_for(
+        lambda: any("re-formed in" in line for line in standby.lines), 30, "the recovery"
+    )
+    nodes[0].wait_for(
+        lambda: {e.slot for e in commits() if e.epoch not in epochs} == slots,
+        60,
+        "both ranks training again",
+    )
+    assert any(f"slot {victim} crashed: killed by SIGKILL" in line for line in standby.lines)
+    pids = {slot: leader.pid(keys.proc(slot)) for slot in slots}
+
+    # That launcher killed too, with no standby: the same command, run again 10 s later,
+    # adopts the job; no rank restarts meanwhile or after.
+    standby.proc.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    nodes[0].wait_for(lambda: time.monotonic() - killed_at >= 10.0, 15, "ten seconds")
+    again = watch_process(
+        [
+            *(ELASTIC_RUN, "run", "--etcd", etcd_server.endpoints_text, "--job-id"),
+            *(leader.job_id, *FLAGS, "--", "python", EA_SCRIPT, *SCRIPT_ARGS),
+        ],
+        etcd_server,
+        leader.job_id,
+    )
+    jobs.append(again)
+    assert again.finish(timeout=240) == 0, "\n".join(again.lines[-60:])
+    assert any("taking over job" in line for line in again.lines), again.tail()
+    assert any(e.at > killed_at + 10.0 for e in commits()), "no rank trained after the adoption"
+    assert not any("crashed" in line for line in again.lines), again.tail()
+    done = [e for node in nodes for e in node.done()]
+    assert {e.slot for e in done} == slots
+    assert {e.data["step"] for e in done} == {STEPS}, [e.data for e in done]
+    assert len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
+    for node in nodes:
+        started = [line for line in node.lines if "started incarnation" in line]
+        assert len(started) == (2 if victim.startswith(node_id(node)) else 1), started
+    assert again.lines[-1].endswith("succeeded: training finished on 2 ranks"), again.tail()
+
+
+def node_id(node: Job) -> str:
+    """The node id a `join` printed ("node jNNN joining job ...")."""
+    first = next(line for line in node.lines if " joining job " in line)
+    return first.split("node ", 1)[1].split(" ", 1)[0]
+
+
+def test_a_node_leaves_a_job_whose_launcher_is_gone_for_good(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    flags = ("--workers", "0", "--min-workers", "1", "--max-workers", "1")
+    leader = start_job(etcd_server, *flags, script=EA_SCRIPT, script_args=SCRIPT_ARGS)
+    jobs.append(leader)
+    leader.wait_for(lambda: any("started nodes" in line for line in leader.lines), 60, "leader")
+    node = join_job(etcd_server, leader, env={"ELASTIC_ALLREDUCE_LEADERLESS_GRACE": "3"})
+    jobs.append(node)
+    node.wait_for(lambda: len(node.commits()) >= 3, 90, "commits")
+    slot = node.commits()[0].slot
+    pid = leader.pid(keys.proc(slot))
+    leader.proc.send_signal(signal.SIGKILL)
+    assert node.finish(timeout=60) == 4, node.tail()
+    assert any("the job has had no launcher for" in line for line in node.lines), node.tail()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert leader.store.get(keys.member(node_id(node))) is None
