@@ -67,7 +67,7 @@ from elastic_allreduce.rendezvous.protocol import (
 )
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
-from launcher.exit_codes import exit_code
+from launcher.exit_codes import EXIT_LEADERLESS, exit_code
 from launcher.probes import ProbeListener, Prober
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,6 @@ STANDING_INTERVAL: Final = 1.0
 OUTAGE_NOTE_INTERVAL: Final = 10.0
 #: Seconds a node keeps training for a job with no launcher (none took over) before it leaves.
 LEADERLESS_GRACE: Final = 60.0
-#: The agent's exit code when it left a job that had no launcher for LEADERLESS_GRACE.
-ORPHANED_EXIT_CODE: Final = 4
 #: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
 LEAVING_OUTAGE_WAIT: Final = 5.0
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
@@ -415,7 +413,7 @@ class Agent:
                 if directive is not None:
                     self._apply(directive.record, rendezvous)
             if self._orphaned():
-                return ORPHANED_EXIT_CODE
+                return EXIT_LEADERLESS
             if self._leaving:
                 if not self._procs:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
@@ -495,6 +493,9 @@ class Agent:
         """After etcd let the lease expire: the member record again, under a new lease."""
         settings = self.settings
         try:
+            if self._lease is not None:
+                # etcd reports an expired lease before it deleted the lease's keys.
+                self.store.revoke_lease(self._lease.id)
             lease = self.store.grant_lease(settings.lease_ttl)
         except StoreError as exc:
             log.warning("[%s node %s] %s", settings.job_id, settings.node_id, exc)

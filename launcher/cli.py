@@ -27,11 +27,11 @@ from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse
 from launcher import job_options, netinfo, security_cli, status_view
 from launcher import zoo as zoo_cli
 from launcher.agent import Agent, AgentSettings, NodeTemplate, resolve_command
-from launcher.exit_codes import exit_code
+from launcher.exit_codes import EXIT_HANDED_OVER, exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
 from launcher.k8s.mode import run_job as run_in_kubernetes
-from launcher.launcher import Launcher, LaunchSettings
+from launcher.launcher import JobResult, Launcher, LaunchSettings
 from launcher.observe.observer import (
     JobObserver,
     add_observer_flags,
@@ -55,7 +55,9 @@ restarted, up to --max-restarts); the others roll back to their last commit and 
 
 Exit codes: 0 success; 1 the job failed; 2 bad input (a flag, a file, an unknown job, a
 certificate or credential etcd refuses: the message says what to change); 3 an operational
-error (etcd or the Kubernetes API unreachable or failing a request: try again, or check it).
+error (etcd or the Kubernetes API unreachable or failing a request: try again, or check it);
+4 (`join`) the node left a job that had no launcher for 60 s; 5 (`run --kubernetes`) SIGTERM
+handed the job over to the next launcher (the launcher Job's next pod adopts it).
 """
 
 _RUN_DESCRIPTION = """\
@@ -610,11 +612,16 @@ def _run_job(args: argparse.Namespace) -> int:
             result = Launcher(
                 launch, LocalProvisioner(template), observer=observer, standby=standby
             ).run()
-    print(
-        f"elastic-run: job {job_id} {'succeeded' if result.succeeded else 'failed'}: "
-        f"{result.reason}",
-        flush=True,
-    )
+    return _report(job_id, result)
+
+
+def _report(job_id: str, result: JobResult) -> int:
+    """Say how the job ended (or that it was handed over); the command's exit code."""
+    if result.handed_over:
+        print(f"elastic-run: handed job {job_id} over: {result.reason}", flush=True)
+        return EXIT_HANDED_OVER
+    outcome = "succeeded" if result.succeeded else "failed"
+    print(f"elastic-run: job {job_id} {outcome}: {result.reason}", flush=True)
     return 0 if result.succeeded else 1
 
 

@@ -14,6 +14,10 @@ EXIT_JOB_FAILED: Final = 1
 EXIT_BAD_INPUT: Final = 2
 #: An operational error: etcd or the Kubernetes API unreachable or failing a request.
 EXIT_OPERATIONAL: Final = 3
+#: `join`: the node left a job that had no launcher for the leaderless grace.
+EXIT_LEADERLESS: Final = 4
+#: `run --kubernetes`: SIGTERM (a drain, an eviction) handed the job over to the next launcher.
+EXIT_HANDED_OVER: Final = 5
 
 
 def exit_code(error: ElasticAllreduceError) -> int:

@@ -168,6 +168,8 @@ class JobResult:
 
     succeeded: bool
     reason: str
+    #: The job goes on: this launcher handed it over to the next one (SIGTERM on Kubernetes).
+    handed_over: bool = False
 
 
 #: Receives every membership change (joins, leaves, crashes, re-formed epochs) as it happens;
@@ -191,10 +193,16 @@ class Launcher:
         observer: JobObserver | None = None,
         *,
         standby: bool = False,
+        hand_over_on_interrupt: bool = False,
     ) -> None:
         self.settings = settings
         #: Wait while another launcher leads the job, then take it over (``--standby``).
         self.standby = standby
+        #: SIGINT/SIGTERM hands the job over (its nodes keep running, the lease is given up so
+        #: the next launcher adopts it at once) instead of failing it: Kubernetes, where the
+        #: launcher Job's next pod takes over after a drain or an eviction.
+        self.hand_over_on_interrupt = hand_over_on_interrupt
+        self._handed_over = False
         self.provisioner = provisioner
         self.on_event = on_event
         #: Events file, metrics and dashboard (launcher.observe); None: nothing observed.
@@ -237,6 +245,8 @@ class Launcher:
             try:
                 return self._lead(lease, adopted)
             except KeyboardInterrupt:
+                if self.hand_over_on_interrupt:
+                    return self._hand_over()
                 # Asked to stop: record it, but do not wait out a long etcd outage for that.
                 self.store.outage_timeout = min(self.store.outage_timeout, STOPPING_OUTAGE_WAIT)
                 return self._fail("interrupted (SIGINT or SIGTERM to elastic-run)")
@@ -248,7 +258,10 @@ class Launcher:
                 self._fail(f"the launcher stopped: {exc}")
                 raise
         finally:
-            self.provisioner.close()
+            if self._handed_over:
+                self.provisioner.release()
+            else:
+                self.provisioner.close()
             self.rendezvous.stop()
             if self._dashboard is not None:
                 self._dashboard.stop()
@@ -258,6 +271,15 @@ class Launcher:
                 with contextlib.suppress(StoreError):
                     self._lease.revoke()
             self.store.close()
+
+    def _hand_over(self) -> JobResult:
+        """Leave the job to the next launcher: nodes keep running, nothing is recorded as
+        failed, and the lease is revoked on the way out so that the successor need not wait
+        for it to expire."""
+        self._handed_over = True
+        reason = "SIGTERM (a drain or an eviction?): the next launcher takes the job over"
+        self._log(f"handing job {self.settings.job_id} over: {reason}")
+        return JobResult(False, reason, handed_over=True)
 
     def stop(self, reason: str) -> None:
         """Ask the loop (from any thread) to end the job as failed, with ``reason``: for a
@@ -444,9 +466,21 @@ class Launcher:
         return Guard(keys.LEADER, self._lease.id)
 
     def _write(self, key: str, value: JsonValue) -> None:
-        """A leader's write: only while this launcher leads (LeadershipLostError if not)."""
+        """A leader's write: only while this launcher leads (LeadershipLostError if another
+        launcher does; after an outage that let its lease expire, it leads again first)."""
+        if self.store.put_guarded(key, value, guard=self._guard()) is not None:
+            return
+        self._reclaim()
         if self.store.put_guarded(key, value, guard=self._guard()) is None:
             raise self._lost_leadership()
+
+    def _reclaim(self) -> None:
+        """A guarded write failed: lead again if the leader key is gone or still under this
+        launcher's (expired) lease; LeadershipLostError if another launcher holds it."""
+        lease = self._lease
+        if lease is None:
+            raise self._lost_leadership()
+        self._lead_again(lease)
 
     def _leads(self) -> bool:
         held = self.store.get(keys.LEADER)
@@ -467,8 +501,22 @@ class Launcher:
         now = time.monotonic()
         if now > lease.safe_until:
             self._hold.outage(now)
-        if not lease.lost:
-            return
+        if lease.lost:
+            self._lead_again(lease)
+
+    def _lead_again(self, lost: Lease) -> None:
+        """This launcher's lease expired (an etcd outage, or a stop past its TTL): lead again
+        under a new lease, unless another launcher holds the leader key by now."""
+        held = self.store.get(keys.LEADER)
+        if held is not None and held.lease != lost.id:
+            self._lease = None
+            lost.stop_keepalive()
+            raise self._lost_leadership()
+        # etcd reports an expired lease before it has deleted the lease's keys: revoke it
+        # outright, so the leader key is gone unless another launcher took it meanwhile.
+        lost.stop_keepalive()
+        with contextlib.suppress(StoreError):
+            self.store.revoke_lease(lost.id)
         lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
         if self.store.create(keys.LEADER, self._leader_record.to_json(), lease=lease) is None:
             lease.revoke()
@@ -611,9 +659,15 @@ class Launcher:
                 expected_mod_revision=self._ring_revision,
                 guard=self._guard(),
             )
+            if revision is None and not self._leads():
+                self._reclaim()
+                revision = self.store.compare_and_swap(
+                    keys.RING,
+                    decision.ring.to_json(),
+                    expected_mod_revision=self._ring_revision,
+                    guard=self._guard(),
+                )
             if revision is None:
-                if not self._leads():
-                    raise self._lost_leadership()
                 raise StoreError(
                     f"job {self.settings.job_id}: the ring was changed by someone else; "
                     "is a second launcher running?"

@@ -47,6 +47,12 @@ class Provisioner(abc.ABC):
     def close(self) -> None:
         """Stop every node this provisioner started (gracefully, then by force). Idempotent."""
 
+    def release(self) -> None:
+        """Stop managing the nodes but leave them running: the launcher hands the job over to
+        the next one, which adopts them. Default: :meth:`close` (a provisioner whose nodes
+        cannot outlive it)."""
+        self.close()
+
     def node_states(self) -> NodeStates:
         """Pending and disrupted nodes (none for a provisioner that cannot tell)."""
         return NodeStates()
