@@ -356,6 +356,11 @@ class Launcher:
                 self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease)
                 is not None
             ):
+                phase, reason = self._stored_phase()
+                if self.standby and phase is not None and phase.final:
+                    # A standby (every launcher pod on Kubernetes) that finds the job ended
+                    # reports its result: a pod restarted after success must not fail the Job.
+                    return JobResult(phase is JobPhase.SUCCEEDED, reason or phase.value)
                 return None
             if not self.standby:
                 raise ConfigError(

@@ -12,11 +12,13 @@ JSON dicts) and turns every failure into an error of :mod:`launcher.k8s.errors`:
 - connection refused, DNS, TLS or timeout -> :class:`KubernetesUnavailableError` (an
   UnavailableError);
 - 401 / 403 -> :class:`KubernetesForbiddenError`, naming the verb, resource and namespace and
-  who can grant it (``rbac_advice``: a person running ``elastic-run k8s``, or the launcher);
+  who can grant it (``rbac_advice``: a person running ``elastic-run k8s``, or the launcher), or,
+  for a ResourceQuota's 403 ("exceeded quota"), that the namespace's quota is used up;
 - 404 -> :class:`KubernetesNotFoundError`; 409 -> :class:`KubernetesConflictError`; anything
   else -> :class:`KubernetesApiError` with the server's message.
 
-Every request has a timeout; a watch's read timeout outlasts its server-side ``timeoutSeconds``.
+Every request has a timeout (``request_timeout``); a watch's read timeout outlasts its
+server-side ``timeoutSeconds``. This module does not retry: :mod:`launcher.k8s.retry` does.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ KINDS: Final = {
         Kind("v1", "Service", "services"),
         Kind("v1", "Pod", "pods"),
         Kind("v1", "Event", "events"),
+        Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
         Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
         Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
         Kind("batch/v1", "Job", "jobs"),
@@ -140,9 +143,11 @@ def connect(
     url: str | None = None,
     *,
     rbac_advice: str = USER_RBAC_ADVICE,
+    request_timeout: float = REQUEST_TIMEOUT,
 ) -> Kube:
     """The API client: for ``url`` when given (no credentials), else from a kubeconfig, else
-    (inside a pod, without a kubeconfig) from the pod's service account."""
+    (inside a pod, without a kubeconfig) from the pod's service account. Each request may take
+    ``request_timeout`` seconds."""
     if url:
         if not url.startswith(("http://", "https://")):
             raise KubernetesConfigError(
@@ -151,7 +156,11 @@ def connect(
             )
         configuration = k8s_client.Configuration()
         configuration.host = url.rstrip("/")
-        return Kube(k8s_client.ApiClient(configuration), rbac_advice=rbac_advice)
+        return Kube(
+            k8s_client.ApiClient(configuration),
+            rbac_advice=rbac_advice,
+            request_timeout=request_timeout,
+        )
     default = Path(os.path.expanduser(k8s_config.KUBE_CONFIG_DEFAULT_LOCATION))
     in_pod = "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ
     if kubeconfig is None and context is None and in_pod and not default.exists():
@@ -163,7 +172,11 @@ def connect(
                 f"inside a pod, but its service account cannot be used: {exc}; mount a "
                 "service account token or pass --kubeconfig"
             ) from exc
-        return Kube(k8s_client.ApiClient(configuration), rbac_advice=rbac_advice)
+        return Kube(
+            k8s_client.ApiClient(configuration),
+            rbac_advice=rbac_advice,
+            request_timeout=request_timeout,
+        )
     source = kubeconfig or os.environ.get("KUBECONFIG") or str(default)
     try:
         api = k8s_config.new_client_from_config(
@@ -176,7 +189,7 @@ def connect(
             + f": {str(exc).rstrip('.')}. Point --kubeconfig or KUBECONFIG at a kubeconfig "
             "file (`kubectl config view` shows yours), or run inside a pod with a service account"
         ) from exc
-    return Kube(api, rbac_advice=rbac_advice)
+    return Kube(api, rbac_advice=rbac_advice, request_timeout=request_timeout)
 
 
 def _server_message(body: bytes | str | None) -> str:
@@ -192,6 +205,9 @@ def _server_message(body: bytes | str | None) -> str:
         return message
     return text.strip()[:300]
 
+
+#: What the API server's 403 says when a ResourceQuota refuses a create (not RBAC).
+QUOTA_REFUSAL: Final = "exceeded quota"
 
 _VERBS: Final = {"POST": "create", "PUT": "update", "DELETE": "delete", "PATCH": "patch"}
 _JSON: Final = "application/json"
@@ -272,11 +288,17 @@ class Kube:
     """Create, read, replace, patch, list, watch and delete objects of the kinds in KINDS."""
 
     def __init__(
-        self, api: kubernetes.client.ApiClient, *, rbac_advice: str = USER_RBAC_ADVICE
+        self,
+        api: kubernetes.client.ApiClient,
+        *,
+        rbac_advice: str = USER_RBAC_ADVICE,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         # Typed Any: the client's methods are untyped.
         self.api: Any = api
         self.rbac_advice = rbac_advice
+        #: Seconds one request (not a watch) may take, connect and read.
+        self.request_timeout = request_timeout
 
     @property
     def host(self) -> str:
@@ -303,7 +325,7 @@ class Kube:
         body: object = None,
         query: dict[str, str] | None = None,
         content_type: str = _JSON,
-        timeout: float | tuple[float, float] = REQUEST_TIMEOUT,
+        timeout: float | tuple[float, float] | None = None,
         verb: str | None = None,
     ) -> tuple[_Response, _Call]:
         """Send one request; the raw response (not yet read) or KubernetesUnavailableError."""
@@ -328,7 +350,7 @@ class Kube:
                 header_params=headers,
                 body=data,
                 post_params=post,
-                _request_timeout=timeout,
+                _request_timeout=self.request_timeout if timeout is None else timeout,
             )
         except k8s_client.ApiException as exc:  # TLS problems arrive as status 0
             raise KubernetesUnavailableError(
@@ -359,6 +381,13 @@ class Kube:
                 f"unauthorized: the Kubernetes API at {self.host} did not accept our credentials "
                 f"to {call.what} ({message}); refresh them (log in again), or check the "
                 "kubeconfig or the pod's service account token",
+                status,
+            )
+        if status == 403 and QUOTA_REFUSAL in message:
+            return KubernetesForbiddenError(
+                f"forbidden: the Kubernetes API refused to {call.what}: {message}. The "
+                "namespace's ResourceQuota is used up: free it (fewer or smaller pods) or raise "
+                "it (`kubectl describe resourcequota`)",
                 status,
             )
         if status == 403:

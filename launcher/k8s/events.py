@@ -8,8 +8,10 @@ events`` show the job's history. After each re-formed ring it also sets the anno
 ``elastic-allreduce/ring`` on the launcher's pod (epoch and ranks).
 
 Events are sent from a thread of their own, through the one API client
-(:class:`launcher.k8s.client.Kube`), so a slow API never holds up the control loop; a failed
-request is logged (once per kind of failure) and never fails the job.
+(:class:`launcher.k8s.client.Kube`), so a slow API never holds up the control loop. A transient
+failure (no answer, a timeout, 429, 5xx) is retried with backoff and jitter for up to
+``api_deadline`` seconds (:mod:`launcher.k8s.retry`); a request that still fails, or that the API
+refuses (403), is logged once per kind of failure and never fails the job.
 """
 
 from __future__ import annotations
@@ -20,11 +22,17 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from launcher.k8s.client import KINDS, Kube
-from launcher.k8s.errors import KubernetesApiError, KubernetesUnavailableError
+from launcher.k8s.errors import (
+    KubernetesApiError,
+    KubernetesConflictError,
+    KubernetesUnavailableError,
+)
 from launcher.k8s.naming import EVENT_COMPONENT, RING_ANNOTATION, job_labels
+from launcher.k8s.retry import TRANSIENT_BACKOFF, Backoff, retrying
 from launcher.policy import ChangeKind, MembershipChange
 
 log = logging.getLogger(__name__)
@@ -40,8 +48,16 @@ class EventRecorder:
         pod_name: str,
         pod_uid: str | None,
         job_id: str,
+        *,
+        api_deadline: float = 60.0,
+        backoff: Backoff = TRANSIENT_BACKOFF,
     ) -> None:
         self._kube = kube
+        #: Seconds one request is retried through transient failures.
+        self.api_deadline = api_deadline
+        self._backoff = backoff
+        #: Set by close(): requests still failing are not retried any longer.
+        self._closing = threading.Event()
         self.namespace = namespace
         self.pod_name = pod_name
         self.pod_uid = pod_uid
@@ -59,9 +75,21 @@ class EventRecorder:
         self._queue.put(change)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued (up to ``timeout`` seconds), then stop."""
+        """Send what is queued (up to ``timeout`` seconds; a failing request is not retried
+        beyond it), then stop."""
         self._queue.put(None)
-        self._thread.join(timeout=timeout)
+        self._thread.join(timeout=timeout / 2)
+        self._closing.set()
+        self._thread.join(timeout=timeout / 2)
+
+    def _send(self, call: Callable[[], object], what: str) -> None:
+        retrying(
+            call,
+            what=what,
+            deadline=self.api_deadline,
+            stop=self._closing,
+            backoff=self._backoff,
+        )
 
     def _run(self) -> None:
         while True:
@@ -104,8 +132,14 @@ class EventRecorder:
 
     def _record(self, change: MembershipChange) -> None:
         try:
-            self._kube.create(self.event(change))
+            event = self.event(change)
+            self._send(
+                lambda: self._kube.create(event),
+                f"create the {change.kind.value} event in namespace {self.namespace!r}",
+            )
             self.recorded += 1
+        except KubernetesConflictError:
+            self.recorded += 1  # an attempt whose answer was lost had created it
         except KubernetesUnavailableError as exc:
             self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
         except KubernetesApiError as exc:
@@ -123,7 +157,10 @@ class EventRecorder:
         ring = f"epoch {change.epoch}: {len(change.slots)} ranks [{','.join(change.slots)}]"
         patch = {"metadata": {"annotations": {RING_ANNOTATION: ring}}}
         try:
-            self._kube.patch(KINDS["Pod"], self.pod_name, self.namespace, patch)
+            self._send(
+                lambda: self._kube.patch(KINDS["Pod"], self.pod_name, self.namespace, patch),
+                f"annotate pod {self.pod_name!r} in namespace {self.namespace!r}",
+            )
         except KubernetesUnavailableError as exc:
             self._warn("connection", f"cannot reach the Kubernetes API to record events: {exc}")
         except KubernetesApiError as exc:

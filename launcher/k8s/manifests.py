@@ -4,8 +4,9 @@ A :class:`JobSpec` is the job's options (:class:`~launcher.job_options.JobOption
 ``elastic-run run`` takes too) plus where and how it runs on the cluster (image, namespace,
 resources, etcd, scheduling). ``render(JobSpec(...))`` returns, in the order to apply them:
 
-- optionally the ``PriorityClass`` for preemptible training (cluster-scoped, so only with
-  ``with_priority_class``: creating it needs cluster rights that a job's submitter often lacks);
+- optionally the ``PriorityClass`` for preemptible training and the one for launchers
+  (cluster-scoped, so only with ``with_priority_class``: creating them needs cluster rights that
+  a job's submitter often lacks);
 - optionally the cluster's admission policy for launchers (``with_admission_policy``:
   :mod:`launcher.k8s.admission`, cluster-scoped too, one for every job of the cluster);
 - optionally a namespace's etcd (``with_etcd``): peer and client Services, a StatefulSet and the
@@ -18,9 +19,18 @@ resources, etcd, scheduling). ``render(JobSpec(...))`` returns, in the order to 
 - the launcher's ServiceAccount, Role and RoleBinding (pods create/get/list/watch/delete/patch
   and events create, nothing else), the workers' ServiceAccount (no rights, no token), the worker
   pod template in a ConfigMap (with the job's worker shape, the admission policy's parameters),
-  the job's NetworkPolicies and the launcher Job, each labelled ``elastic-allreduce/job:
+  the job's NetworkPolicies, optionally the launcher's PodDisruptionBudget
+  (``launcher_disruption_budget``) and the launcher Job, each labelled ``elastic-allreduce/job:
   <job-id>``. The launcher Job runs ``elastic-run run --kubernetes`` with the job's flags
   (:func:`launcher.job_options.to_args`), so every job option reaches the launcher.
+
+The launcher Job restarts its pod: a pod that fails (a crash, an OOM kill) is replaced up to
+``backoffLimit`` times, and one that handed the job over (exit code 5: SIGTERM of a drain or an
+eviction) or that the cluster disrupted (a ``DisruptionTarget`` condition: eviction, preemption,
+node pressure) is replaced without counting; a pod that ended the job as failed (exit code 1) or
+was given bad input (2) fails the Job at once. The new pod adopts the running job (its worker
+pods belong to the Job: :mod:`launcher.k8s.provisioner`). Its PriorityClass is above the
+workers' and the default, so a full cluster makes room for it (docs/kubernetes.md).
 
 Every pod satisfies the "restricted" Pod Security Standard (non-root, no privilege escalation,
 no capabilities, the runtime's default seccomp profile, only core volume types); the launcher's
@@ -49,6 +59,7 @@ The kustomize base in ``k8s/base`` holds the same objects for the default job
 
 from __future__ import annotations
 
+import copy
 import importlib
 import ipaddress
 import posixpath
@@ -60,6 +71,7 @@ from typing import Any, Final
 from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError
 from launcher import job_options
+from launcher.exit_codes import EXIT_BAD_INPUT, EXIT_HANDED_OVER, EXIT_JOB_FAILED
 from launcher.job_options import JobOptions
 from launcher.k8s import admission
 from launcher.k8s.naming import (
@@ -76,6 +88,7 @@ from launcher.k8s.naming import (
     ETCD_TLS_DIR,
     ETCD_TLS_SECRET,
     GPU_RESOURCE,
+    LAUNCHER_PRIORITY_CLASS,
     NAME_LABEL,
     PART_OF_LABEL,
     PASSWORD_KEY,
@@ -113,6 +126,47 @@ yaml: Any = importlib.import_module("yaml")
 #: so that other pods preempt training first, and not below the cluster autoscaler's default
 #: cut-off for "expendable" pods (-10), so that pending workers still make it add nodes.
 PRIORITY_VALUE: Final = -5
+
+#: The value of the launchers' PriorityClass: above the default (0) and the workers' (-5), so
+#: that a pending launcher pod (one that replaces another, on a full cluster) preempts a pod of
+#: lower priority rather than wait (its job's nodes leave after 60 s without a launcher); far
+#: below the system classes (2000000000) and the usual classes of serving workloads (1000000).
+LAUNCHER_PRIORITY_VALUE: Final = 1000
+
+#: Pods of the launcher Job that may fail (crash, OOM kill, an operational exit code 3) before
+#: the Job fails: each replacement adopts the running job; a launcher that keeps crashing stops
+#: after the Job's back-off delays (10 s, 20 s, 40 s) instead of looping. Handovers (exit code 5)
+#: and disruptions (drains, evictions, preemption) do not count (LAUNCHER_FAILURE_POLICY).
+LAUNCHER_BACKOFF_LIMIT: Final = 3
+
+#: The launcher container's name (the failure policy's rules name it).
+LAUNCHER_CONTAINER: Final = "launcher"
+
+#: What the launcher Job does with a pod that failed, first rule that matches wins: a disrupted
+#: pod (a DisruptionTarget condition: a drain's eviction, preemption, node-pressure eviction)
+#: and a launcher that handed the job over (SIGTERM) are replaced without counting towards
+#: backoffLimit; a launcher that ended the job as failed, or was given bad input, fails the Job
+#: (another pod cannot change that); anything else (a crash, an OOM kill, etcd or the API out
+#: of reach past --outage-timeout) counts.
+LAUNCHER_FAILURE_POLICY: Final = (
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    {
+        "action": "Ignore",
+        "onExitCodes": {
+            "containerName": LAUNCHER_CONTAINER,
+            "operator": "In",
+            "values": [EXIT_HANDED_OVER],
+        },
+    },
+    {
+        "action": "FailJob",
+        "onExitCodes": {
+            "containerName": LAUNCHER_CONTAINER,
+            "operator": "In",
+            "values": [EXIT_JOB_FAILED, EXIT_BAD_INPUT],
+        },
+    },
+)
 
 #: The launcher's dashboard, /metrics and JSON API port in its pod (``--metrics-port``).
 DEFAULT_METRICS_PORT: Final = 9090
@@ -231,7 +285,13 @@ class JobSpec:
     etcd_tls: bool = True
     etcd_replicas: int = 3
     priority_class: str | None = PRIORITY_CLASS
+    #: The launcher pod's PriorityClass (None: none).
+    launcher_priority_class: str | None = LAUNCHER_PRIORITY_CLASS
+    #: Also create both PriorityClasses (cluster-scoped).
     with_priority_class: bool = False
+    #: A PodDisruptionBudget that keeps voluntary evictions (drains) from the running launcher
+    #: until the job ends; off by default: a drain then hands the job over (docs/kubernetes.md).
+    launcher_disruption_budget: bool = False
     network_policy: bool = True
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
@@ -345,8 +405,18 @@ class JobSpec:
                 f"--with-priority-class creates {PRIORITY_CLASS!r}; it cannot be combined with "
                 f"--priority-class {self.priority_class!r}"
             )
-        if self.priority_class is not None and not _DNS_LABEL.match(self.priority_class):
-            raise ConfigError(f"invalid --priority-class {self.priority_class!r}")
+        if self.with_priority_class and self.launcher_priority_class != LAUNCHER_PRIORITY_CLASS:
+            raise ConfigError(
+                f"--with-priority-class creates {LAUNCHER_PRIORITY_CLASS!r} for the launcher; it "
+                f"cannot be combined with --launcher-priority-class "
+                f"{self.launcher_priority_class!r}"
+            )
+        for flag, name in (
+            ("--priority-class", self.priority_class),
+            ("--launcher-priority-class", self.launcher_priority_class),
+        ):
+            if name is not None and not _DNS_SUBDOMAIN.match(name):
+                raise ConfigError(f"invalid {flag} {name!r}")
         for key, value in self.node_selector.items():
             if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
                 raise ConfigError(
@@ -551,25 +621,35 @@ def _launcher_job(spec: JobSpec) -> Manifest:
             "prometheus.io/path": "/metrics",
         }
         container["ports"] = [{"name": "metrics", "containerPort": spec.metrics_port}]
+    pod_spec: Manifest = {
+        "serviceAccountName": name,
+        # A pod failure policy needs Never; the Job makes a new pod (a new name and uid)
+        # for every failure, which adopts the job.
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 90,
+        "enableServiceLinks": False,
+    }
+    if spec.launcher_priority_class is not None:
+        pod_spec["priorityClassName"] = spec.launcher_priority_class
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "labels": job_labels(spec.job_id)},
         "spec": {
-            # A launcher that dies does not yet take over its running job (docs/architecture.md):
-            # a second pod would be refused, so the Job does not retry.
-            "backoffLimit": 0,
+            # A new launcher pod adopts the running job (docs/kubernetes.md, "The launcher pod").
+            "backoffLimit": LAUNCHER_BACKOFF_LIMIT,
+            "podFailurePolicy": {"rules": copy.deepcopy(list(LAUNCHER_FAILURE_POLICY))},
+            # A replacement starts once the pod before has ended (handed over, or its lease
+            # gone), never beside it (the only value allowed with a pod failure policy).
+            "podReplacementPolicy": "Failed",
             "template": {
                 "metadata": pod_metadata,
                 "spec": {
-                    "serviceAccountName": name,
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 90,
-                    "enableServiceLinks": False,
+                    **pod_spec,
                     "securityContext": _pod_security(IMAGE_GROUP),
                     "containers": [
                         {
-                            "name": "launcher",
+                            "name": LAUNCHER_CONTAINER,
                             "image": spec.launcher_image_or_default,
                             "command": ["elastic-run"],
                             "args": launcher_args(spec),
@@ -760,6 +840,45 @@ def checkpoint_claim(
     }
 
 
+def launcher_disruption_budget(spec: JobSpec) -> Manifest:
+    """The launcher's PodDisruptionBudget (``--launcher-pdb``): no voluntary eviction of a
+    running launcher, so a drain of its node waits until the job ends or someone deletes the
+    launcher pod (a handover). A launcher pod that is not Ready (starting, failing) can always
+    be evicted. An integer minAvailable is the only budget the disruption controller computes
+    for a Job's pod (maxUnavailable needs a controller with a scale: it would fail safe)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": launcher_name(spec.job_id), "labels": job_labels(spec.job_id)},
+        "spec": {
+            "minAvailable": 1,
+            "selector": {"matchLabels": pod_labels(spec.job_id, ROLE_LAUNCHER)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def priority_classes() -> list[Manifest]:
+    """The cluster-scoped PriorityClasses: preemptible workers, then launchers."""
+    return [priority_class(), launcher_priority_class()]
+
+
+def launcher_priority_class() -> Manifest:
+    """The cluster-scoped PriorityClass of launcher pods: above the default and the workers'."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": LAUNCHER_PRIORITY_CLASS, "labels": {NAME_LABEL: APP_NAME}},
+        "value": LAUNCHER_PRIORITY_VALUE,
+        "globalDefault": False,
+        # A launcher that replaces another on a full cluster takes a lower-priority pod's place
+        # (at worst one of the job's own workers, which the job survives) instead of waiting.
+        "preemptionPolicy": "PreemptLowerPriority",
+        "description": "Elastic training launchers: one small pod per job, placed before "
+        "workers and default-priority pods.",
+    }
+
+
 def priority_class() -> Manifest:
     """The cluster-scoped PriorityClass of preemptible training pods."""
     return {
@@ -939,7 +1058,7 @@ def render(spec: JobSpec) -> list[Manifest]:
     """Every object of the job described by ``spec`` (validated first), in apply order.
     Namespaced objects carry ``metadata.namespace``."""
     spec.validate()
-    cluster: list[Manifest] = [priority_class()] if spec.with_priority_class else []
+    cluster: list[Manifest] = priority_classes() if spec.with_priority_class else []
     if spec.with_admission_policy:
         cluster += admission.objects()
     namespaced: list[Manifest] = (
@@ -955,6 +1074,8 @@ def render(spec: JobSpec) -> list[Manifest]:
     namespaced.append(_template_config_map(spec))
     if spec.network_policy:
         namespaced += _network_policies(spec)
+    if spec.launcher_disruption_budget:
+        namespaced.append(launcher_disruption_budget(spec))
     namespaced.append(_launcher_job(spec))
     for manifest in namespaced:
         manifest["metadata"]["namespace"] = spec.namespace

@@ -28,6 +28,9 @@ ROLE_LAUNCHER: Final = "launcher"
 ROLE_WORKER: Final = "worker"
 #: Annotation of the launcher's pod: the running ring ("epoch N: K ranks [slots]").
 RING_ANNOTATION: Final = "elastic-allreduce/ring"
+#: Annotation of a worker pod: the token of the create that made it, so that a create whose
+#: answer was lost (and that is tried again) recognises its own pod in a 409.
+CREATION_ANNOTATION: Final = "elastic-allreduce/creation"
 
 #: Source component of the Events the launcher records.
 EVENT_COMPONENT: Final = "elastic-allreduce-launcher"
@@ -43,6 +46,8 @@ DEFAULT_JOB_ID: Final = "elastic-job"
 
 #: The PriorityClass of preemptible training pods (cluster-scoped).
 PRIORITY_CLASS: Final = "elastic-allreduce-preemptible"
+#: The PriorityClass of launcher pods (cluster-scoped): above the workers' and the default.
+LAUNCHER_PRIORITY_CLASS: Final = "elastic-allreduce-launcher"
 
 #: A namespace's etcd: client Service and StatefulSet, and its headless peer Service.
 ETCD_NAME: Final = "elastic-allreduce-etcd"
@@ -138,7 +143,8 @@ def same_job(job_id: str) -> dict[str, str]:
 
 
 def launcher_name(job_id: str) -> str:
-    """Name of the launcher's Job, ServiceAccount, Role and RoleBinding."""
+    """Name of the launcher's Job, ServiceAccount, Role, RoleBinding and (with
+    ``--launcher-pdb``) PodDisruptionBudget."""
     return f"{job_id}-launcher"
 
 

@@ -7,8 +7,12 @@ fake follows the real server's semantics closely enough for the official ``kuber
   namespaced and cluster-scoped; one global, increasing ``resourceVersion`` as etcd gives the
   real server; ``metadata.uid``, ``creationTimestamp``, ``generateName`` filled on create.
 - Errors are real ``Status`` objects: 404 NotFound, 409 AlreadyExists (create) and 409 Conflict
-  (stale ``resourceVersion`` in PUT or PATCH), 403 Forbidden (see :meth:`FakeKube.deny`), 422
-  Invalid, 415 for apply patches.
+  (stale ``resourceVersion`` in PUT or PATCH), 403 Forbidden (see :meth:`FakeKube.deny`, with
+  RBAC's message or another, such as a ResourceQuota's), 422 Invalid, 415 for apply patches.
+- Injected faults (:meth:`FakeKube.inject`, :class:`Fault`): the next requests of a verb on a
+  resource are answered with an error status (500, 503, 429, ...), after a delay (a client's
+  read timeout), by closing the connection without an answer, or after the request was served
+  (a write whose answer was lost), as an API server, its load balancer or the network do.
 - Watches (``?watch=true``) stream ADDED/MODIFIED/DELETED JSON lines with increasing
   resourceVersions and resume after a given ``resourceVersion``; after :meth:`FakeKube.compact`
   an older ``resourceVersion`` gets an ERROR event with a 410 ``Expired`` Status, as the real
@@ -56,7 +60,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 
 from elastic_allreduce._process import die_with_parent
-from launcher.k8s.client import LAUNCHER_RBAC_ADVICE, Kube, connect
+from launcher.k8s.client import LAUNCHER_RBAC_ADVICE, REQUEST_TIMEOUT, Kube, connect
 
 Obj = dict[str, Any]
 #: (API prefix such as "api/v1" or "apis/batch/v1", namespace or None, plural)
@@ -81,6 +85,7 @@ _KINDS = {
     "clusterrolebindings": "ClusterRoleBinding",
     "leases": "Lease",
     "priorityclasses": "PriorityClass",
+    "poddisruptionbudgets": "PodDisruptionBudget",
     "validatingadmissionpolicies": "ValidatingAdmissionPolicy",
     "validatingadmissionpolicybindings": "ValidatingAdmissionPolicyBinding",
 }
@@ -235,6 +240,22 @@ def field_matches(obj: Obj, selector: str | None) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Fault:
+    """How the fake fails one request (:meth:`FakeKube.inject`)."""
+
+    #: The answer: an error Status with this code (ignored when ``drop``).
+    status: int = 500
+    reason: str = "InternalError"
+    message: str = "fake: an injected failure"
+    #: Serve the request first (a write takes effect), then fail: the answer was lost.
+    after_apply: bool = False
+    #: Close the connection without any answer (a proxy's timeout, a network failure).
+    drop: bool = False
+    #: Seconds to wait before answering (beyond a client's read timeout: it times out).
+    delay: float = 0.0
+
+
 @dataclass
 class _History:
     revision: int
@@ -289,7 +310,12 @@ class FakeKube:
         self._compacted = 0
         self._objects: dict[CollectionKey, dict[str, Obj]] = {}
         self._history: list[_History] = []
-        self._denied: set[tuple[str, str]] = set()
+        #: (verb, plural) -> the 403 message (None: RBAC's).
+        self._denied: dict[tuple[str, str], str | None] = {}
+        #: (verb, plural) -> faults for the next such requests, in order.
+        self._faults: dict[tuple[str, str], list[Fault]] = {}
+        #: Every fault used, as (verb, plural, fault), for tests that check what happened.
+        self.faults_used: list[tuple[str, str, Fault]] = []
         self._watch_generation = 0
         self._closed = False
         self._containers: dict[str, _Container] = {}  # by pod uid
@@ -369,21 +395,49 @@ class FakeKube:
         """A client of the official library pointed at this fake (no credentials)."""
         return kubernetes.client.ApiClient(self.configuration())
 
-    def kube(self, rbac_advice: str = LAUNCHER_RBAC_ADVICE) -> Kube:
+    def kube(
+        self, rbac_advice: str = LAUNCHER_RBAC_ADVICE, request_timeout: float = REQUEST_TIMEOUT
+    ) -> Kube:
         """elastic-allreduce's own client pointed at this fake, as the launcher makes it."""
-        return connect(url=self.url, rbac_advice=rbac_advice)
+        return connect(url=self.url, rbac_advice=rbac_advice, request_timeout=request_timeout)
 
     # -- test knobs --------------------------------------------------------------------------
 
-    def deny(self, verb: str, plural: str) -> None:
+    def deny(self, verb: str, plural: str, message: str | None = None) -> None:
         """Answer ``verb`` (get, list, watch, create, update, patch, delete) on ``plural``
-        with 403 Forbidden, as RBAC does when the Role lacks it."""
+        with 403 Forbidden, as RBAC does when the Role lacks it (or with ``message``, as for
+        example a ResourceQuota's admission says it: :func:`quota_message`)."""
         with self._lock:
-            self._denied.add((verb, plural))
+            self._denied[(verb, plural)] = message
 
     def allow(self, verb: str, plural: str) -> None:
         with self._lock:
-            self._denied.discard((verb, plural))
+            self._denied.pop((verb, plural), None)
+
+    def inject(self, verb: str, plural: str, *faults: Fault) -> None:
+        """Fail the next requests of ``verb`` on ``plural``, one fault each, in order (after
+        those injected before)."""
+        with self._lock:
+            self._faults.setdefault((verb, plural), []).extend(faults)
+
+    def faults_left(self, verb: str, plural: str) -> int:
+        with self._lock:
+            return len(self._faults.get((verb, plural), []))
+
+    def take_fault(self, method: str, path: str, query: dict[str, str]) -> Fault | None:
+        """The fault for this request, if one is injected (used by the HTTP handler)."""
+        try:
+            key, name, _ = parse_path(path)
+        except ApiError:
+            return None
+        verb = _verb(method, name, query)
+        with self._lock:
+            pending = self._faults.get((verb, key[2]))
+            if not pending:
+                return None
+            fault = pending.pop(0)
+            self.faults_used.append((verb, key[2], fault))
+            return fault
 
     def compact(self) -> int:
         """Forget the watch history up to now: older resourceVersions get 410 Expired."""
@@ -925,7 +979,7 @@ class FakeKube:
             verb = "get"
         with self._lock:
             if (verb, key[2]) in self._denied:
-                raise _forbidden(verb, key)
+                raise _forbidden(verb, key, self._denied[(verb, key[2])])
             if method == "GET" and subresource == "log":
                 self._require(key, name or "")
                 return 200, "\n".join(self._logs.get((key[1] or "", name or ""), [])) + "\n"
@@ -1036,7 +1090,7 @@ class FakeKube:
         key, name, _ = parse_path(path)
         with self._lock:
             if ("watch", key[2]) in self._denied:
-                raise _forbidden("watch", key)
+                raise _forbidden("watch", key, self._denied[("watch", key[2])])
             generation = self._watch_generation
             labels, fields = query.get("labelSelector"), query.get("fieldSelector")
             if name is not None:
@@ -1139,6 +1193,7 @@ _GROUP_OF = {
     "clusterrolebindings": "apis/rbac.authorization.k8s.io/v1",
     "leases": "apis/coordination.k8s.io/v1",
     "priorityclasses": "apis/scheduling.k8s.io/v1",
+    "poddisruptionbudgets": "apis/policy/v1",
     "validatingadmissionpolicies": "apis/admissionregistration.k8s.io/v1",
     "validatingadmissionpolicybindings": "apis/admissionregistration.k8s.io/v1",
 }
@@ -1182,16 +1237,25 @@ def _verb(method: str, name: str | None, query: dict[str, str]) -> str:
     )
 
 
-def _forbidden(verb: str, key: CollectionKey) -> ApiError:
+def _forbidden(verb: str, key: CollectionKey, message: str | None = None) -> ApiError:
     prefix, namespace, plural = key
     group = "" if prefix == "api/v1" else prefix.split("/")[1]
     where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
     return ApiError(
         403,
         "Forbidden",
-        f'{plural} is forbidden: User "system:serviceaccount:default:fake" cannot {verb} '
+        message
+        or f'{plural} is forbidden: User "system:serviceaccount:default:fake" cannot {verb} '
         f'resource "{plural}" in API group "{group}"{where}',
         {"kind": plural},
+    )
+
+
+def quota_message(name: str = "worker", quota: str = "compute", used: int = 4) -> str:
+    """What the API server's ResourceQuota admission says when a pod would exceed it."""
+    return (
+        f'pods "{name}" is forbidden: exceeded quota: {quota}, requested: pods=1, '
+        f"used: pods={used}, limited: pods={used}"
     )
 
 
@@ -1245,6 +1309,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(400, status_object(400, "BadRequest", "the body is not JSON", None))
             return
         query["__content_type"] = self.headers.get("Content-Type", "")
+        fault = self.kube.take_fault(method, parts.path, query)
+        if fault is not None:
+            self._fail(fault, method, parts.path, query, body)
+            return
         try:
             if method == "GET" and query.get("watch") in ("true", "1", "True"):
                 self._stream(self.kube.watch(parts.path, query))
@@ -1254,6 +1322,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(exc.code, exc.status())
             return
         self._send(code, payload)
+
+    def _fail(self, fault: Fault, method: str, path: str, query: dict[str, str], body: Any) -> None:
+        """Answer the request as ``fault`` says."""
+        if fault.delay:
+            time.sleep(fault.delay)  # a slow server: the client's read timeout fires first
+        if fault.after_apply:
+            with contextlib.suppress(ApiError):
+                self.kube.handle(method, path, query, body)
+        if fault.drop:
+            self.close_connection = True
+            return
+        self._send(fault.status, status_object(fault.status, fault.reason, fault.message, None))
 
     def _send(self, code: int, payload: Any) -> None:
         if isinstance(payload, str):

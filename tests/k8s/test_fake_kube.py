@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from tests.helpers.fake_kube import SIGKILL_EXIT_CODE, FakeKube
+from tests.helpers.fake_kube import SIGKILL_EXIT_CODE, FakeKube, Fault, quota_message
 
 
 @pytest.fixture
@@ -120,6 +121,40 @@ def test_forbidden_verbs_answer_403_with_the_rbac_message(
     core.list_namespaced_pod("default")  # other verbs still work
     kube.allow("create", "pods")
     core.create_namespaced_pod("default", pod_body("a"))
+
+
+def test_injected_faults_fail_requests_as_a_server_or_a_network_does(kube: FakeKube) -> None:
+    kube.deny("create", "pods", quota_message("a"))
+    configuration = kube.configuration()
+    configuration.retries = 0  # see every failure (urllib3 would retry a dropped GET itself)
+    with client.ApiClient(configuration) as api:
+        core = client.CoreV1Api(api)
+        with pytest.raises(ApiException) as raised:
+            core.create_namespaced_pod("default", pod_body("a"))
+        assert raised.value.status == 403 and "exceeded quota" in raised.value.body
+        kube.allow("create", "pods")
+        kube.inject("create", "pods", Fault(503, "ServiceUnavailable", after_apply=True))
+        kube.inject("list", "pods", Fault(429, "TooManyRequests"), Fault(drop=True))
+        kube.inject("get", "pods", Fault(delay=1.0))
+        with pytest.raises(ApiException) as raised:
+            core.create_namespaced_pod("default", pod_body("a"))
+        assert raised.value.status == 503
+        assert kube.pod("a") is not None  # served, then failed: the answer was lost
+        with pytest.raises(ApiException) as raised:
+            core.list_namespaced_pod("default")
+        assert raised.value.status == 429
+        with pytest.raises(urllib3.exceptions.HTTPError, match="without response"):
+            core.list_namespaced_pod("default")  # the connection closed without an answer
+        with pytest.raises(urllib3.exceptions.HTTPError, match="Read timed out"):
+            core.read_namespaced_pod("a", "default", _request_timeout=0.3)
+        assert [p.metadata.name for p in core.list_namespaced_pod("default").items] == ["a"]
+    assert [(verb, f.status) for verb, _, f in kube.faults_used] == [
+        ("create", 503),
+        ("list", 429),
+        ("list", 500),
+        ("get", 500),
+    ]
+    assert kube.faults_left("list", "pods") == 0
 
 
 def watch_events(

@@ -24,7 +24,15 @@ from tests.helpers.fake_kube import FakeKube
 NS = "ml"
 IMAGE = "registry.example.com/ea:1"
 COMMAND = ["--", "python", "train.py", "--epochs", "3"]
-JOB_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "Job")
+JOB_KINDS = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+    "Job",
+)
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
@@ -405,6 +413,7 @@ EVERYTHING = (
     "--with-etcd",
     "--with-priority-class",
     "--with-admission-policy",
+    "--launcher-pdb",
     *("--checkpoint-dir", "/checkpoints", "--with-checkpoint-claim"),
 )
 
@@ -422,9 +431,13 @@ def test_submit_creates_every_object_render_prints(
         with_priority_class=True,
         with_admission_policy=True,
         with_checkpoint_claim=True,
+        launcher_disruption_budget=True,
     )
-    kinds = {o["kind"] for o in manifests.render(spec)}
-    assert {"PersistentVolumeClaim", "ValidatingAdmissionPolicy"} <= kinds
+    kinds = [o["kind"] for o in manifests.render(spec)]
+    assert {"PersistentVolumeClaim", "ValidatingAdmissionPolicy", "PodDisruptionBudget"} <= set(
+        kinds
+    )
+    assert kinds.count("PriorityClass") == 2
     for manifest in manifests.render(spec):
         kind = KINDS[manifest["kind"]]
         namespace = manifest["metadata"].get("namespace")
@@ -492,6 +505,70 @@ def test_submit_needs_the_priority_class_to_exist(
     assert (
         "priorityClassName" not in yaml.safe_load(config_map["data"][naming.TEMPLATE_KEY])["spec"]
     )
+
+
+def test_submit_needs_the_launchers_priority_class_too(
+    capsys: pytest.CaptureFixture[str], kubeconfig: str, kube: Kube
+) -> None:
+    kube.create(manifests.priority_class())  # the workers' only
+    code, _, err = submit(capsys, kubeconfig, "--with-etcd")
+    assert code == 2
+    assert "PriorityClass 'elastic-allreduce-launcher' does not exist" in err
+    assert "no launcher pod could be created" in err
+    assert names(kube, "Job") == set()
+    code, _, err = submit(capsys, kubeconfig, "--with-etcd", "--launcher-priority-class", "prod")
+    assert code == 2 and "PriorityClass 'prod' does not exist" in err
+    kube.create({**manifests.launcher_priority_class(), "metadata": {"name": "prod"}})
+    assert submit(capsys, kubeconfig, "--with-etcd", "--launcher-priority-class", "prod")[0] == 0
+    job = kube.get(KINDS["Job"], "demo-launcher", NS)
+    assert job is not None
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "prod"
+
+
+def test_render_gives_the_launcher_its_priority_class_and_a_budget_only_when_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def render(*extra: str) -> list[dict[str, Any]]:
+        code, out, err = run(capsys, "k8s", "render", "--image", IMAGE, *extra, *COMMAND)
+        assert code == 0, err
+        return [doc for doc in yaml.safe_load_all(out) if doc]
+
+    def launcher_class(objects: list[dict[str, Any]]) -> str | None:
+        [job] = [o for o in objects if o["kind"] == "Job"]
+        return job["spec"]["template"]["spec"].get("priorityClassName")
+
+    plain = render()
+    assert launcher_class(plain) == naming.LAUNCHER_PRIORITY_CLASS
+    assert not [o for o in plain if o["kind"] == "PodDisruptionBudget"]
+    assert launcher_class(render("--launcher-priority-class", "prod")) == "prod"
+    assert launcher_class(render("--no-priority-class")) is None
+    [budget] = [o for o in render("--launcher-pdb") if o["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["minAvailable"] == 1
+    code, _, err = run(
+        capsys,
+        "k8s",
+        "render",
+        "--image",
+        IMAGE,
+        "--with-priority-class",
+        "--launcher-priority-class",
+        "prod",
+        *COMMAND,
+    )
+    assert code == 2 and "--with-priority-class creates 'elastic-allreduce-launcher'" in err
+
+
+def test_delete_without_rights_on_disruption_budgets_still_deletes_the_job(
+    capsys: pytest.CaptureFixture[str], fake: FakeKube, kubeconfig: str
+) -> None:
+    assert submit(capsys, kubeconfig, "--with-etcd", "--no-priority-class")[0] == 0
+    fake.deny("list", "poddisruptionbudgets")  # an older submitter's Role
+    code, out, err = run(
+        capsys, "k8s", "delete", "--kubeconfig", kubeconfig, "--namespace", NS, "--job-id", "demo"
+    )
+    assert code == 0, err
+    assert "Job/demo-launcher: deleted" in out
+    assert "warning: not checked" in err and "poddisruptionbudgets" in err
 
 
 def test_submit_to_a_missing_namespace_says_to_create_it(

@@ -12,8 +12,9 @@ from kubernetes import client
 from launcher import cli
 from launcher.k8s.events import EventRecorder
 from launcher.k8s.naming import RING_ANNOTATION
+from launcher.k8s.retry import Backoff
 from launcher.policy import ChangeKind, MembershipChange
-from tests.helpers.fake_kube import FakeKube
+from tests.helpers.fake_kube import FakeKube, Fault
 
 
 def launcher_pod(kube: FakeKube) -> str:
@@ -64,6 +65,33 @@ def test_a_forbidden_event_is_logged_once_and_never_fails_the_job(
     warnings = [r.getMessage() for r in caplog.records if "cannot record" in r.getMessage()]
     assert len(warnings) == 1 and "403" in warnings[0] and "apply k8s/" in warnings[0]
     assert fake_kube.events() == []
+
+
+def test_transient_failures_of_events_are_retried_without_duplicates(
+    fake_kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    uid = launcher_pod(fake_kube)
+    fake_kube.inject(
+        "create",
+        "events",
+        Fault(500),
+        Fault(drop=True),
+        Fault(503, "ServiceUnavailable", after_apply=True),  # created: the answer was lost
+    )
+    fake_kube.inject("patch", "pods", Fault(429, "TooManyRequests"), Fault(504))
+    with caplog.at_level(logging.WARNING), fake_kube.kube() as kube:
+        recorder = EventRecorder(
+            kube, "default", "job-launcher", uid, "job", backoff=Backoff(first=0.05, cap=0.2)
+        )
+        recorder(MembershipChange(ChangeKind.JOINED, 1, ("a.0",), "a.0 joined"))
+        recorder(MembershipChange(ChangeKind.REFORMED, 1, ("a.0",), "epoch 1 running"))
+        recorder.close()
+    assert sorted(e["reason"] for e in fake_kube.events()) == ["Joined", "Reformed"]
+    assert recorder.recorded == 2
+    annotations = fake_kube.pod("job-launcher")["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations[RING_ANNOTATION] == "epoch 1: 1 ranks [a.0]"
+    assert fake_kube.faults_left("create", "events") == fake_kube.faults_left("patch", "pods") == 0
+    assert not [r for r in caplog.records if "cannot" in r.getMessage()]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

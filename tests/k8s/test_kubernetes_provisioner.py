@@ -3,10 +3,12 @@ writing pod status, as a cluster would)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,8 +19,9 @@ from elastic_allreduce.errors import ConfigError, UnavailableError
 from launcher.k8s.client import Kube
 from launcher.k8s.errors import KubernetesApiError
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
+from launcher.k8s.retry import Backoff
 from launcher.provisioners.api import NodeStates
-from tests.helpers.fake_kube import FakeKube
+from tests.helpers.fake_kube import FakeKube, Fault, quota_message
 from tests.k8s.conftest import join_template
 
 JOB = "train-a"
@@ -248,6 +251,9 @@ def test_the_watch_resumes_from_its_resource_version(
     try:
         watcher = Watcher(provisioner)
         (name,) = provisioner.start_nodes(1)
+        fake_kube.wait_for(
+            lambda: any("watch=true" in path for _, path in fake_kube.requests), 10, "a watch"
+        )
         fake_kube.drop_watches()  # as the server does when a watch times out
         set_status(api, name, {"phase": "Failed", "reason": "Evicted", "message": "disk"})
         watcher.wait(lambda s: name in s.disrupted, "the eviction seen after the resume")
@@ -292,22 +298,230 @@ def test_close_deletes_every_pod_it_created_and_is_idempotent(
     provisioner.close()
 
 
-def test_rbac_refusals_say_what_is_forbidden_and_how_to_fix_it(
-    fake_kube: FakeKube, kube: Kube
+def create_requests(fake_kube: FakeKube) -> int:
+    """How many pod creates the fake has seen."""
+    return sum(
+        1 for method, path in fake_kube.requests if method == "POST" and path.endswith("/pods")
+    )
+
+
+FAST = {
+    "retry_backoff": Backoff(first=0.05, cap=0.2),
+    "refused_backoff": Backoff(first=0.1, cap=0.3),
+}
+
+
+def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and text in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("quota", [False, True], ids=["rbac", "quota"])
+def test_a_refused_create_is_said_once_and_the_pod_is_created_once_allowed(
+    fake_kube: FakeKube, kube: Kube, caplog: pytest.LogCaptureFixture, quota: bool
 ) -> None:
-    fake_kube.deny("create", "pods")
-    provisioner = make(kube)
+    fake_kube.deny("create", "pods", quota_message("train-a-worker-0") if quota else None)
+    provisioner = make(kube, **FAST)
     try:
-        with pytest.raises(KubernetesApiError) as raised:
-            provisioner.start_nodes(1)
-        message = str(raised.value)
-        assert raised.value.status == 403
-        assert not isinstance(raised.value, ConfigError)  # operational: exit code 3
-        assert "refused to create pods in namespace 'default'" in message
-        assert "The launcher's Role allows create on pods" in message
-        assert "k8s/" in message
+        watcher = Watcher(provisioner)
+        with caplog.at_level(logging.INFO):
+            # The launcher is not held up, nor failed: the node is pending until it can start.
+            (name,) = provisioner.start_nodes(1)
+            assert provisioner.node_states().pending == {name}
+            fake_kube.wait_for(lambda: create_requests(fake_kube) >= 4, 10, "4 refused creates")
+            assert fake_kube.pod(name) is None
+            (said,) = warnings_with(caplog, "cannot create worker pods")
+            assert "refused to create pods in namespace 'default'" in said
+            if quota:
+                assert "exceeded quota: compute" in said
+                assert "ResourceQuota is used up" in said
+            else:
+                assert "The launcher's Role allows create on pods" in said
+                assert "k8s/" in said
+            assert "The job goes on with the nodes it has" in said
+            fake_kube.allow("create", "pods")
+            watcher.wait(lambda s: not s.pending and name not in s.dead, "the pod to be created")
+            fake_kube.wait_for(
+                lambda: any("allowed again" in r.getMessage() for r in caplog.records),
+                5,
+                "the end of the problem to be said",
+            )
+        assert fake_kube.pod(name) is not None
+        assert len(warnings_with(caplog, "cannot create worker pods")) == 1
+        assert provisioner.node_states().disrupted == {}
     finally:
         provisioner.close()
+
+
+def test_transient_create_failures_are_retried_and_a_lost_answer_makes_no_duplicate(
+    fake_kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_kube.inject(
+        "create",
+        "pods",
+        Fault(500),
+        Fault(drop=True),  # no answer at all
+        Fault(delay=1.0),  # beyond the client's read timeout
+        Fault(503, "ServiceUnavailable", after_apply=True),  # created, but the answer is lost
+        Fault(429, "TooManyRequests"),
+    )
+    with fake_kube.kube(request_timeout=0.5) as kube:
+        provisioner = make(kube, **FAST)
+        try:
+            watcher = Watcher(provisioner)
+            with caplog.at_level(logging.INFO):
+                (name,) = provisioner.start_nodes(1)
+                watcher.wait(lambda s: not s.pending, "the pod to be created", timeout=20)
+            pods = [p for p in fake_kube.pods() if p["metadata"]["name"].startswith("train-a")]
+            assert [p["metadata"]["name"] for p in pods] == [name]
+            assert provisioner.node_states().disrupted == {}
+            assert len({f for verb, plural, f in fake_kube.faults_used if verb == "create"}) >= 4, (
+                fake_kube.faults_used
+            )
+            (said,) = warnings_with(caplog, "creating a worker pod failed, retrying")
+            assert "for up to 300 s" in said
+            # The next pod gets the next name: nothing was taken for the retried one.
+            assert provisioner.start_nodes(1) == ["train-a-worker-1"]
+        finally:
+            provisioner.close()
+
+
+def test_a_create_that_fails_past_the_deadline_is_a_lost_node(
+    fake_kube: FakeKube, kube: Kube
+) -> None:
+    fake_kube.inject("create", "pods", *[Fault(500)] * 200)
+    provisioner = make(kube, api_deadline=0.5, **FAST)
+    try:
+        watcher = Watcher(provisioner)
+        (name,) = provisioner.start_nodes(1)
+        watcher.wait(lambda s: name in s.disrupted, "the node to be given up")
+        reason = provisioner.node_states().disrupted[name]
+        assert "could not be created" in reason and "HTTP 500" in reason
+        assert name in provisioner.node_states().dead and fake_kube.pod(name) is None
+    finally:
+        provisioner.close()
+
+
+def test_deletes_are_retried_through_transient_failures(fake_kube: FakeKube, kube: Kube) -> None:
+    provisioner = make(kube, **FAST)
+    try:
+        watcher = Watcher(provisioner)
+        stopped, kept, closed = provisioner.start_nodes(3)
+        fake_kube.inject("delete", "pods", Fault(500), Fault(drop=True), Fault(504))
+        provisioner.stop_node(stopped)  # scale-down: not held up by the failures
+        watcher.wait(lambda s: stopped in s.dead, "the stopped pod to go")
+        assert fake_kube.faults_left("delete", "pods") == 0
+        assert provisioner.node_states().disrupted == {}
+        fake_kube.inject("delete", "pods", Fault(503), Fault(503))
+    finally:
+        provisioner.close()  # close retries its deletes too
+    assert fake_kube.pod(kept) is None and fake_kube.pod(closed) is None
+
+
+def test_the_watch_survives_failures_and_says_so_once(
+    fake_kube: FakeKube, api: client.ApiClient, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    provisioner = make(kube, **FAST)
+    try:
+        watcher = Watcher(provisioner)
+        (name,) = provisioner.start_nodes(1)
+        with caplog.at_level(logging.INFO):
+            fake_kube.inject("watch", "pods", Fault(500), Fault(503), Fault(drop=True))
+            fake_kube.drop_watches()
+            fake_kube.wait_for(lambda: fake_kube.faults_left("watch", "pods") == 0, 10, "faults")
+            set_status(api, name, {"phase": "Failed", "reason": "Evicted", "message": "disk"})
+            watcher.wait(lambda s: name in s.disrupted, "the eviction seen after the failures")
+        assert len(warnings_with(caplog, "the pod watch failed, retrying")) == 1
+    finally:
+        provisioner.close()
+
+
+def test_worker_pods_belong_to_the_launchers_job_and_go_with_it(
+    fake_kube: FakeKube, kube: Kube
+) -> None:
+    job = fake_kube_job(fake_kube)
+    provisioner = make(
+        kube, launcher_job_name="train-a-launcher", launcher_job_uid=job["metadata"]["uid"]
+    )
+    try:
+        names = provisioner.start_nodes(2)
+        for name in names:
+            pod = fake_kube.pod(name)
+            assert pod is not None
+            # Not a controller reference: the Job controller would release a pod that its
+            # selector does not match. No blockOwnerDeletion: that needs rights on the Job.
+            assert pod["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": "train-a-launcher",
+                    "uid": job["metadata"]["uid"],
+                }
+            ]
+        provisioner.release()  # a launcher pod hands over: the pods stay
+        assert all(fake_kube.pod(name) is not None for name in names)
+        with fake_kube.api_client() as api:
+            client.BatchV1Api(api).delete_namespaced_job("train-a-launcher", "default")
+        fake_kube.wait_for(
+            lambda: not any(fake_kube.pod(name) for name in names), 10, "garbage collection"
+        )
+    finally:
+        provisioner.close()
+
+
+def fake_kube_job(fake_kube: FakeKube) -> dict[str, Any]:
+    """The launcher's Job, as `kubectl apply` would create it (the fake runs no Job)."""
+    with fake_kube.api_client() as api:
+        body = {
+            "metadata": {"name": "train-a-launcher"},
+            "spec": {"template": {"spec": {"containers": [{"name": "launcher"}]}}},
+        }
+        created = client.BatchV1Api(api).create_namespaced_job("default", body)
+        return dict(api.sanitize_for_serialization(created))
+
+
+def test_a_later_launcher_of_the_same_job_adopts_its_pods(
+    fake_kube: FakeKube, api: client.ApiClient, kube: Kube
+) -> None:
+    owner = {"launcher_job_name": "train-a-launcher", "launcher_job_uid": "uid-of-the-job"}
+    first = make(kube, launcher_pod_uid="uid-of-pod-1", **owner)
+    lost, stopped, kept, dead = first.start_nodes(4)
+    set_status(api, dead, {"phase": "Failed", "reason": "Error"})  # died before the takeover
+    foreign = {
+        "metadata": {
+            "name": "train-a-worker-9",
+            "labels": {"elastic-allreduce/job": JOB, "elastic-allreduce/role": "worker"},
+        },
+        "spec": {"containers": [{"name": "x"}]},
+    }
+    client.CoreV1Api(api).create_namespaced_pod("default", foreign)  # not the Job's
+    first.release()  # the launcher pod hands the job over; its pods keep running
+    second = make(kube, launcher_pod_name="train-a-launcher-2", launcher_pod_uid="uid-2", **owner)
+    try:
+        watcher = Watcher(second)  # a launcher subscribes as it starts to lead: it adopts
+        watcher.wait(lambda s: dead in s.dead, "the adopted pods to be known")
+        assert second.node_states().disrupted == {}  # the dead one was handled before
+        assert second.node_states().pending == frozenset()
+        # A loss of an adopted pod is reported, a scale-down deletes it.
+        set_status(api, lost, {"phase": "Failed", "reason": "Evicted", "message": "disk"})
+        watcher.wait(lambda s: lost in s.disrupted, "the adopted pod's loss")
+        assert second.node_states().disrupted == {lost: "pod evicted (disk)"}
+        second.stop_node(stopped)
+        watcher.wait(lambda s: stopped in s.dead, "the adopted pod to be stopped")
+        assert fake_kube.pod(stopped) is None
+        assert second.node_states().disrupted == {lost: "pod evicted (disk)"}
+        # New pods get names no pod has: no 409 on the way.
+        posts = create_requests(fake_kube)
+        assert second.start_nodes(1) == ["train-a-worker-4"]
+        assert create_requests(fake_kube) == posts + 1
+    finally:
+        second.close()
+    # At the end of the job it deletes what it adopted; the other Job's pod stays.
+    assert [p["metadata"]["name"] for p in fake_kube.pods()] == ["train-a-worker-9"]
+    assert fake_kube.pod(kept) is None and fake_kube.pod(dead) is None
 
 
 def test_a_missing_namespace_and_an_unreachable_api_are_clear_errors(kube: Kube) -> None:
@@ -322,12 +536,21 @@ def test_a_missing_namespace_and_an_unreachable_api_are_clear_errors(kube: Kube)
     configuration = client.Configuration()
     configuration.host = f"http://127.0.0.1:{port}"
     configuration.retries = 0
-    with (
-        Kube(client.ApiClient(configuration)) as dead,
-        pytest.raises(KubernetesApiError, match="cannot reach the Kubernetes API") as raised,
-    ):
-        KubernetesProvisioner(settings, dead).start_nodes(1)
-    assert isinstance(raised.value, UnavailableError)
+    with Kube(client.ApiClient(configuration)) as dead:
+        # Weather, up to the deadline: the node waits (pending), then it is lost, saying why.
+        provisioner = KubernetesProvisioner(
+            replace(settings, namespace="default", api_deadline=0.5, **FAST), dead
+        )
+        try:
+            watcher = Watcher(provisioner)
+            (name,) = provisioner.start_nodes(1)
+            watcher.wait(lambda s: name in s.disrupted, "the node to be given up")
+            reason = provisioner.node_states().disrupted[name]
+            assert "could not be created for" in reason, reason
+            assert "cannot reach the Kubernetes API" in reason, reason
+            assert isinstance(provisioner.watch_error, UnavailableError)
+        finally:
+            provisioner.close()
 
 
 def test_a_template_that_is_not_a_pod_is_refused(kube: Kube) -> None:

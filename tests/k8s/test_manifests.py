@@ -138,6 +138,7 @@ def test_every_object_of_every_overlay_validates(overlay: str) -> None:
         [
             "Namespace",
             "PriorityClass",
+            "PriorityClass",
             "Service",
             "Service",
             "StatefulSet",
@@ -266,7 +267,6 @@ def test_the_launcher_runs_elastic_run_in_kubernetes_mode(overlay: str) -> None:
         n.ROLE_LABEL: "launcher",
     }
     assert pod["spec"]["restartPolicy"] == "Never"
-    assert job["spec"]["backoffLimit"] == 0
     config_map = one(objects, "ConfigMap")
     assert config_map["metadata"]["name"] == f"{job_id}-worker-template"
     mounts = {m["name"]: m for m in container["volumeMounts"]}
@@ -335,7 +335,8 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == m.WORKER_GRACE_SECONDS
-    assert spec["priorityClassName"] == one(objects, "PriorityClass")["metadata"]["name"]
+    assert spec["priorityClassName"] == n.PRIORITY_CLASS
+    one(objects, "PriorityClass", n.PRIORITY_CLASS)
     gpus = container["resources"]["limits"].get(n.GPU_RESOURCE)
     nproc = int(flag(launcher["args"], "--nproc-per-node"))
     if overlay == "overlays/gpu-example":
@@ -349,11 +350,71 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
 
 
 def test_the_priority_class_is_preemptible_and_never_preempts() -> None:
-    priority = one(build("base"), "PriorityClass")
+    priority = one(build("base"), "PriorityClass", n.PRIORITY_CLASS)
     # Below the default 0; not below the cluster autoscaler's expendable cut-off (-10).
     assert -10 <= priority["value"] < 0
     assert priority["preemptionPolicy"] == "Never"
     assert priority["globalDefault"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_is_placed_before_its_workers_and_default_pods(overlay: str) -> None:
+    objects = build(overlay)
+    pod = one(objects, "Job")["spec"]["template"]["spec"]
+    launcher = one(objects, "PriorityClass", pod["priorityClassName"])
+    workers = one(objects, "PriorityClass", worker_template(objects)["spec"]["priorityClassName"])
+    assert launcher["metadata"]["name"] == n.LAUNCHER_PRIORITY_CLASS
+    # Above the workers' and the default (0), so a replacement launcher on a full cluster
+    # preempts rather than waits; below the system classes and user classes' usual maximum.
+    assert launcher["value"] > max(workers["value"], 0)
+    assert launcher["value"] < 1_000_000
+    assert launcher["preemptionPolicy"] == "PreemptLowerPriority"
+    assert launcher["globalDefault"] is False
+
+
+def failure_action(job: Obj, exit_code: int, conditions: tuple[str, ...] = ()) -> str:
+    """What the Job controller does with a failed pod of ``job`` whose launcher container
+    exited with ``exit_code`` and whose status has these True conditions, as the pod failure
+    policy is documented (kubernetes.io, "Pod failure policy"): the first rule that matches
+    wins; onExitCodes matches the named container's exit code (In / NotIn); onPodConditions a
+    condition of that type and status; no match counts towards backoffLimit ("Count")."""
+    for rule in job["spec"]["podFailurePolicy"]["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes is not None:
+            assert codes["containerName"] == "launcher"
+            inside = exit_code in codes["values"]
+            if exit_code != 0 and inside == (codes["operator"] == "In"):
+                return str(rule["action"])
+        for condition in rule.get("onPodConditions", []):
+            if condition["type"] in conditions and condition.get("status", "True") == "True":
+                return str(rule["action"])
+    return "Count"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_launcher_job_restarts_its_pod_unless_the_job_itself_ended(overlay: str) -> None:
+    from launcher import exit_codes  # noqa: PLC0415
+
+    job = one(build(overlay), "Job")
+    spec = job["spec"]
+    # A failed launcher pod is replaced (the new one adopts the job), a few times only.
+    assert 1 <= spec["backoffLimit"] <= 6
+    assert spec["backoffLimit"] == m.LAUNCHER_BACKOFF_LIMIT
+    # A pod failure policy needs restartPolicy Never, and replacements only after the pod
+    # before ended (no two launchers side by side).
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert spec["podReplacementPolicy"] == "Failed"
+    # A drain's or an eviction's SIGTERM hands over (exit code 5): a new pod, not counted.
+    assert failure_action(job, exit_codes.EXIT_HANDED_OVER) == "Ignore"
+    # The cluster disrupted the pod (eviction, preemption, node pressure), whatever the code.
+    assert failure_action(job, 137, ("DisruptionTarget",)) == "Ignore"
+    assert failure_action(job, exit_codes.EXIT_JOB_FAILED, ("DisruptionTarget",)) == "Ignore"
+    # A crash, an OOM kill, etcd or the API out of reach: a new pod, counted.
+    for crash in (137, 139, 143, exit_codes.EXIT_OPERATIONAL):
+        assert failure_action(job, crash) == "Count", crash
+    # The job ended as failed, or the launcher's input is wrong: another pod cannot help.
+    assert failure_action(job, exit_codes.EXIT_JOB_FAILED) == "FailJob"
+    assert failure_action(job, exit_codes.EXIT_BAD_INPUT) == "FailJob"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -643,6 +704,12 @@ RENDER_SPECS = {
         with_admission_policy=True,
         api_server_cidrs=("10.0.0.1/32", "fd00::1/128"),
     ),
+    "launcher disruption budget, own launcher priority class": m.JobSpec(
+        image="ea:6",
+        job=job_options.job_options(("python", "train.py"), job_id="pdb-1"),
+        launcher_priority_class="team-critical",
+        launcher_disruption_budget=True,
+    ),
     "no network policy, external etcd": m.JobSpec(
         image="ea:2",
         job=job_options.job_options(
@@ -673,6 +740,10 @@ def test_render_output_validates(name: str) -> None:
     assert flag(args, "--etcd") == spec.etcd_endpoints
     assert args[args.index("--") + 1 :] == list(spec.job.command)
     assert ("NetworkPolicy" in {o["kind"] for o in objects}) == spec.network_policy
+    kinds = [o["kind"] for o in objects]
+    assert kinds.count("PodDisruptionBudget") == int(spec.launcher_disruption_budget)
+    launcher_pod = one(objects, "Job")["spec"]["template"]["spec"]
+    assert launcher_pod.get("priorityClassName") == spec.launcher_priority_class
     # TLS and the job's client Secret exactly when the endpoints are https://.
     tls = name not in ("plain etcd of the namespace", "no network policy, external etcd")
     assert spec.etcd_endpoints.startswith("https://") == tls
@@ -693,6 +764,29 @@ def test_render_output_validates(name: str) -> None:
         assert template["spec"]["nodeSelector"] == dict(spec.node_selector)
         assert len(template["spec"]["tolerations"]) == 2
         assert one(objects, "StatefulSet")["spec"]["replicas"] == 5
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_disruption_budget_holds_a_drain_of_the_launchers_node_by_default(overlay: str) -> None:
+    # A drain's SIGTERM hands the job over (exit code 5) to the Job's next pod: a budget that
+    # kept the launcher from eviction would stall the drain for as long as the job runs.
+    assert not [o for o in build(overlay) if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_the_launcher_disruption_budget_covers_the_running_launcher_only() -> None:
+    spec = RENDER_SPECS["launcher disruption budget, own launcher priority class"]
+    objects = m.render(spec)
+    budget = one(objects, "PodDisruptionBudget")
+    launcher_labels = one(objects, "Job")["spec"]["template"]["metadata"]["labels"]
+    selector = budget["spec"]["selector"]
+    assert matches(selector, launcher_labels)
+    assert not matches(selector, worker_template(objects)["metadata"]["labels"])
+    # The only form the disruption controller computes for a Job's single pod (maxUnavailable
+    # needs a controller with a scale); an unready launcher (starting, failing) is evictable.
+    assert budget["spec"]["minAvailable"] == 1
+    assert "maxUnavailable" not in budget["spec"]
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert budget["metadata"]["labels"][n.JOB_LABEL] == spec.job_id
 
 
 def _client_secret(job_id: str) -> Obj:
