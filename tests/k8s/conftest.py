@@ -6,7 +6,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,3 +166,57 @@ def store_view(job_store: EtcdStore) -> Iterator[StoreView]:
 def fake_kube() -> Iterator[FakeKube]:
     with FakeKube() as kube:
         yield kube
+
+
+#: The launcher pod's downward-API variables, as the manifests set them.
+LAUNCHER_DOWNWARD: dict[str, str] = {
+    "ELASTIC_ALLREDUCE_POD_NAME": "metadata.name",
+    "ELASTIC_ALLREDUCE_POD_UID": "metadata.uid",
+    "ELASTIC_ALLREDUCE_POD_IP": "status.podIP",
+    "ELASTIC_ALLREDUCE_NAMESPACE": "metadata.namespace",
+}
+
+
+def launcher_pod(
+    name: str,
+    command: list[str],
+    env: Sequence[Mapping[str, Any]] = (),
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A hand-written launcher pod that runs ``command`` in the fake cluster: ``env`` first,
+    then the downward-API variables a launcher reads its pod from."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": dict(metadata or {"name": name, "labels": {"app": "elastic-allreduce"}}),
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "launcher",
+                    "image": "elastic-allreduce:dev",
+                    "command": command,
+                    "env": [
+                        *env,
+                        *(
+                            {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}
+                            for k, v in LAUNCHER_DOWNWARD.items()
+                        ),
+                    ],
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def output() -> PodOutput:
+    """What the fake kubelet's pods print."""
+    return PodOutput()
+
+
+@pytest.fixture
+def kube(output: PodOutput) -> Iterator[FakeKube]:
+    """A fake cluster whose kubelet runs pods as processes (their output into ``output``)."""
+    with FakeKube(run_pods=True, on_output=output) as fake:
+        yield fake

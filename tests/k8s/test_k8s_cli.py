@@ -211,15 +211,12 @@ def test_render_runs_the_launcher_on_its_own_image(capsys: pytest.CaptureFixture
 def test_render_with_a_tensorboard_dir_on_the_checkpoint_claim(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = run(
+    out = render_ok(
         capsys,
-        "k8s",
-        "render",
-        *("--image", IMAGE, "--job-id", "tb", "--checkpoint-dir", "/checkpoints"),
-        *("--tensorboard-dir", "/checkpoints/tensorboard/tb", "--checkpoint-claim", "team"),
-        *COMMAND,
+        "tb",
+        *("--checkpoint-dir", "/checkpoints", "--checkpoint-claim", "team"),
+        *("--tensorboard-dir", "/checkpoints/tensorboard/tb"),
     )
-    assert (code, err) == (0, ""), err
     args = launcher_args(out)
     assert args[args.index("--tensorboard-dir") + 1] == "/checkpoints/tensorboard/tb"
     parsed = _build_parser().parse_args(args)
@@ -234,6 +231,16 @@ def test_render_with_a_tensorboard_dir_on_the_checkpoint_claim(
     assert "PersistentVolumeClaim" not in {d["kind"] for d in yaml.safe_load_all(out) if d}
 
 
+def render_ok(capsys: pytest.CaptureFixture[str], job_id: str, *flags: str) -> str:
+    """`k8s render` of job ``job_id`` with ``flags`` and the test command; its YAML (it must
+    succeed without a word on stderr)."""
+    code, out, err = run(
+        capsys, "k8s", "render", "--image", IMAGE, "--job-id", job_id, *flags, *COMMAND
+    )
+    assert (code, err) == (0, ""), err
+    return out
+
+
 def launcher_args(out: str) -> list[str]:
     """The launcher Job's `elastic-run` arguments in rendered YAML."""
     job = [doc for doc in yaml.safe_load_all(out) if doc and doc["kind"] == "Job"][-1]
@@ -243,16 +250,12 @@ def launcher_args(out: str) -> list[str]:
 def test_render_passes_every_job_option_to_the_launcher(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = run(
+    out = render_ok(
         capsys,
-        "k8s",
-        "render",
-        *("--image", IMAGE, "--job-id", "opts", "--workers", "3", "--max-workers", "6"),
-        *("--gpus-per-node", "2", "--nproc-per-node", "1"),
+        "opts",
+        *("--workers", "3", "--max-workers", "6", "--gpus-per-node", "2", "--nproc-per-node", "1"),
         *("--max-restarts", "5", "--checkpoint-dir", "/ckpt", "--wait-timeout", "90"),
-        *COMMAND,
     )
-    assert (code, err) == (0, "")
     args = launcher_args(out)
     own = args[: args.index("--")]
     assert own[:2] == ["run", "--kubernetes"]

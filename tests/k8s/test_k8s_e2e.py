@@ -25,14 +25,14 @@ from kubernetes import client
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube
-from tests.k8s.conftest import PodOutput, join_template, phase, wait_showing
+from tests.k8s.conftest import PodOutput, join_template, launcher_pod, phase, wait_showing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_until.py")
 
 
-def launcher_pod(
+def launcher_job_pod(
     job_id: str, etcd: str, template: Path, stop_file: Path, kube: FakeKube
 ) -> dict[str, Any]:
     command = [
@@ -41,36 +41,7 @@ def launcher_pod(
         "--workers", "3", "--min-workers", "2", "--max-workers", "3", "--max-restarts", "4",
         "--", "python", SCRIPT, "--stop-file", str(stop_file), "--step-delay", "0.03",
     ]  # fmt: skip
-    downward = {
-        "ELASTIC_ALLREDUCE_POD_NAME": "metadata.name",
-        "ELASTIC_ALLREDUCE_POD_UID": "metadata.uid",
-        "ELASTIC_ALLREDUCE_POD_IP": "status.podIP",
-        "ELASTIC_ALLREDUCE_NAMESPACE": "metadata.namespace",
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"{job_id}-launcher", "labels": {"app": "elastic-allreduce"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "launcher",
-                    "image": "elastic-allreduce:dev",
-                    "command": command,
-                    "env": [
-                        {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}
-                        for k, v in downward.items()
-                    ],
-                }
-            ],
-        },
-    }
-
-
-@pytest.fixture
-def output() -> PodOutput:
-    return PodOutput()
+    return launcher_pod(f"{job_id}-launcher", command)
 
 
 @pytest.fixture
@@ -103,7 +74,8 @@ def test_launcher_in_kubernetes_mode_survives_kill_and_preemption_and_grows(
     with kube.api_client() as api:
         core = client.CoreV1Api(api)
         core.create_namespaced_pod(
-            "default", launcher_pod(job_id, etcd_server.endpoints_text, template, stop_file, kube)
+            "default",
+            launcher_job_pod(job_id, etcd_server.endpoints_text, template, stop_file, kube),
         )
 
         # 1. Two worker pods run, the third stays Pending; training does not wait for it.

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,28 +40,11 @@ from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from launcher.exit_codes import EXIT_HANDED_OVER
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube, Fault, quota_message
-from tests.k8s.conftest import PodOutput, join_template, phase, wait_showing
+from tests.k8s.conftest import PodOutput, join_template, launcher_pod, phase, wait_showing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "train_until.py")
-DOWNWARD = {
-    "ELASTIC_ALLREDUCE_POD_NAME": "metadata.name",
-    "ELASTIC_ALLREDUCE_POD_UID": "metadata.uid",
-    "ELASTIC_ALLREDUCE_POD_IP": "status.podIP",
-    "ELASTIC_ALLREDUCE_NAMESPACE": "metadata.namespace",
-}
-
-
-@pytest.fixture
-def output() -> PodOutput:
-    return PodOutput()
-
-
-@pytest.fixture
-def kube(output: PodOutput) -> Iterator[FakeKube]:
-    with FakeKube(run_pods=True, on_output=output) as fake:
-        yield fake
 
 
 class LauncherJob:
@@ -98,25 +80,7 @@ class LauncherJob:
                     "blockOwnerDeletion": True,
                 }
             ]
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": metadata,
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "launcher",
-                        "image": "elastic-allreduce:dev",
-                        "command": self.command,
-                        "env": [
-                            {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}
-                            for k, v in DOWNWARD.items()
-                        ],
-                    }
-                ],
-            },
-        }
+        body = launcher_pod(name, self.command, metadata=metadata)
         with self.kube.api_client() as api:
             client.CoreV1Api(api).create_namespaced_pod("default", body)
         self.pods.append(name)
@@ -124,15 +88,19 @@ class LauncherJob:
 
 
 def launcher_command(
-    job_id: str, etcd: str, template: Path, stop: Path, kube: FakeKube, *, workers: int
-) -> list[str]:
+    job_id: str, etcd: str, folder: Path, kube: FakeKube, *, workers: int
+) -> tuple[list[str], Path]:
+    """The launcher's command for a job of ``workers`` worker pods (their template written
+    into ``folder``), and the file that ends the training when it appears."""
+    template, stop = folder / "worker.json", folder / "stop"
+    template.write_text(json.dumps(join_template()))
     return [
         "elastic-run", "run", "--kubernetes", "--worker-template", str(template),
         "--kube-api", kube.url, "--etcd", etcd, "--job-id", job_id,
         "--workers", str(workers), "--min-workers", "1", "--max-workers", "2",
         "--max-restarts", "2",
         "--", "python", SCRIPT, "--stop-file", str(stop), "--step-delay", "0.03",
-    ]  # fmt: skip
+    ], stop  # fmt: skip
 
 
 def worker_pods(kube: FakeKube, job_id: str) -> dict[str, dict[str, Any]]:
@@ -160,9 +128,7 @@ def test_the_next_launcher_pod_adopts_the_job_after_a_handover_and_after_a_kill(
     etcd_server: EmbeddedEtcd, kube: FakeKube, output: PodOutput, tmp_path: Path
 ) -> None:
     job_id = fresh_job_id("adopt")
-    template, stop = tmp_path / "worker.json", tmp_path / "stop"
-    template.write_text(json.dumps(join_template()))
-    command = launcher_command(job_id, etcd_server.endpoints_text, template, stop, kube, workers=2)
+    command, stop = launcher_command(job_id, etcd_server.endpoints_text, tmp_path, kube, workers=2)
     job = LauncherJob(kube, job_id, command, owned=True)
     first = job.start_pod()
     wait_showing(kube, output, lambda: len(output.commits(2)) >= 4, 120, "commits at size 2")
@@ -240,9 +206,7 @@ def test_api_failures_during_a_scale_up_are_retried_and_a_quota_refusal_is_said_
     etcd_server: EmbeddedEtcd, kube: FakeKube, output: PodOutput, tmp_path: Path
 ) -> None:
     job_id = fresh_job_id("apierr")
-    template, stop = tmp_path / "worker.json", tmp_path / "stop"
-    template.write_text(json.dumps(join_template()))
-    command = launcher_command(job_id, etcd_server.endpoints_text, template, stop, kube, workers=1)
+    command, stop = launcher_command(job_id, etcd_server.endpoints_text, tmp_path, kube, workers=1)
     launcher = LauncherJob(kube, job_id, command, owned=False).start_pod()
     wait_showing(kube, output, lambda: len(output.commits(1)) >= 3, 120, "commits at size 1")
 
@@ -297,15 +261,11 @@ def test_a_launcher_standing_by_exits_5_on_sigterm_and_changes_nothing(
     etcd_server: EmbeddedEtcd, kube: FakeKube, tmp_path: Path
 ) -> None:
     job_id = fresh_job_id("standby")
-    template = tmp_path / "worker.json"
-    template.write_text(json.dumps(join_template()))
     with EtcdStore(etcd_server.endpoints_text, job_id) as store:
         # Another launcher leads the job (the pod before, whose lease has not lapsed yet).
         lease = store.grant_lease(30)
         store.put(keys.LEADER, LeaderRecord("10.0.0.9:4000").to_json(), lease=lease)
-        command = launcher_command(
-            job_id, etcd_server.endpoints_text, template, tmp_path / "stop", kube, workers=1
-        )
+        command, _ = launcher_command(job_id, etcd_server.endpoints_text, tmp_path, kube, workers=1)
         command[0] = str(Path(sys.executable).parent / "elastic-run")
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

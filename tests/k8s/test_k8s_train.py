@@ -27,7 +27,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,17 +158,6 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert made.returncode == 0, made.stdout + made.stderr
     return out
-
-
-@pytest.fixture
-def output() -> PodOutput:
-    return PodOutput()
-
-
-@pytest.fixture
-def kube(output: PodOutput) -> Iterator[FakeKube]:
-    with FakeKube(run_pods=True, on_output=output) as fake:
-        yield fake
 
 
 def worker_pods(kube: FakeKube, job_id: str) -> dict[str, Manifest]:

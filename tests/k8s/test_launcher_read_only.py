@@ -24,7 +24,7 @@ from kubernetes import client
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube
-from tests.k8s.conftest import PodOutput, join_template, phase, wait_showing
+from tests.k8s.conftest import PodOutput, join_template, launcher_pod, phase, wait_showing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -57,11 +57,6 @@ def usable() -> str | None:
 
 
 @pytest.fixture
-def output() -> PodOutput:
-    return PodOutput()
-
-
-@pytest.fixture
 def outside_tmp() -> Iterator[Path]:
     """A folder the sandbox's tmpfs does not hide (for the worker template it reads)."""
     folder = Path(tempfile.mkdtemp(prefix="elastic-rofs-", dir="/var/tmp"))
@@ -69,44 +64,11 @@ def outside_tmp() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture
-def kube(output: PodOutput) -> Iterator[FakeKube]:
-    with FakeKube(run_pods=True, on_output=output) as fake:
-        yield fake
-
-
-def launcher_pod(job_id: str, argv: list[str], probe: Path) -> dict[str, Any]:
-    downward = {
-        "ELASTIC_ALLREDUCE_POD_NAME": "metadata.name",
-        "ELASTIC_ALLREDUCE_POD_UID": "metadata.uid",
-        "ELASTIC_ALLREDUCE_POD_IP": "status.podIP",
-        "ELASTIC_ALLREDUCE_NAMESPACE": "metadata.namespace",
-    }
+def sandboxed_launcher_pod(job_id: str, argv: list[str], probe: Path) -> dict[str, Any]:
     sandbox = ["unshare", "--mount", "--propagation", "private", "sh", "-c", SANDBOX, "sh"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"{job_id}-launcher", "labels": {"app": "elastic-allreduce"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "launcher",
-                    "image": "elastic-allreduce:dev",
-                    "command": [*sandbox, *argv],
-                    "env": [
-                        {"name": "PROBE", "value": str(probe)},
-                        # As in the images, which set no TMPDIR: Python's temp folder is /tmp.
-                        {"name": "TMPDIR", "value": "/tmp"},
-                        *(
-                            {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}}
-                            for k, v in downward.items()
-                        ),
-                    ],
-                }
-            ],
-        },
-    }
+    # As in the images, which set no TMPDIR: Python's temp folder is /tmp.
+    env = [{"name": "PROBE", "value": str(probe)}, {"name": "TMPDIR", "value": "/tmp"}]
+    return launcher_pod(f"{job_id}-launcher", [*sandbox, *argv], env)
 
 
 def test_the_launcher_writes_only_to_tmp_and_its_tensorboard_folder(
@@ -128,7 +90,7 @@ def test_the_launcher_writes_only_to_tmp_and_its_tensorboard_folder(
     launcher = f"{job_id}-launcher"
     with kube.api_client() as api:
         client.CoreV1Api(api).create_namespaced_pod(
-            "default", launcher_pod(job_id, argv, outside_tmp / "probe")
+            "default", sandboxed_launcher_pod(job_id, argv, outside_tmp / "probe")
         )
     # A recovery (a worker killed) makes the launcher write its TensorBoard summary.
     wait_showing(kube, output, lambda: len(output.commits(size=2)) >= 2, 120, "2-rank commits")
