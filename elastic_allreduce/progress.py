@@ -53,6 +53,8 @@ class _Counts:
     total: int | None = None
     samples: int | None = None
     rolled_back: int = 0
+    commit: protocol.Commit | None = None
+    synced: protocol.Synced | None = None
 
 
 _counts = _Counts()
@@ -122,12 +124,23 @@ def report_rollback(steps: int) -> None:
         _counts.rolled_back += steps
 
 
-def report_commit(step: int | None = None) -> None:
+def report_commit(step: int | None = None, commit_id: int | None = None) -> None:
     """Count a commit as progress (a script without a per-step report makes progress at its
-    commits); unlike :func:`report_step` it does not time a step."""
+    commits); unlike :func:`report_step` it does not time a step. ``commit_id`` (``ea.State``)
+    lets the launcher tell when the newest commit was lost."""
     counts = _counts
     counts.step = step if step is not None else counts.step
     counts.ticks += 1
+    if commit_id is not None:
+        counts.commit = protocol.Commit(commit_id, step)
+
+
+def report_sync(epoch: int, commit_id: int, step: int | None) -> None:
+    """Say which commit the state sync of ring epoch ``epoch`` gave this process: the
+    launcher compares it with the newest commit it saw before that epoch (state lost)."""
+    commit = protocol.Commit(commit_id, step)
+    _counts.synced = protocol.Synced(epoch, commit)
+    _counts.commit = commit
 
 
 @contextlib.contextmanager
@@ -159,6 +172,8 @@ def current_report(incarnation: int) -> protocol.ProgressReport:
         counts.total,
         counts.samples,
         counts.rolled_back,
+        counts.commit,
+        counts.synced,
     )
 
 

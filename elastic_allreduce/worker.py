@@ -396,7 +396,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self.commit_id += 1
         self.save()
         step = getattr(self, "step", None)
-        progress.report_commit(step if isinstance(step, int) else None)
+        progress.report_commit(step if isinstance(step, int) else None, self.commit_id)
         if hvd.rank() == 0:
             self._report()
             if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
@@ -459,6 +459,10 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             self._save_model()
             self._saved_state = broadcast_object(self._saved_state, root_rank=root)
             self._set_attrs()
+        step = getattr(self, "step", None)
+        progress.report_sync(
+            runtime.ring_epoch(), self.commit_id, step if isinstance(step, int) else None
+        )
 
     # -- progress ------------------------------------------------------------------------------
 

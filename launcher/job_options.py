@@ -23,7 +23,7 @@ from typing import Final
 
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.keys import validate_job_id
-from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, JobSettings
+from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, JobSettings, OnStateLoss
 
 DEFAULT_WORKERS: Final = 2
 DEFAULT_MIN_WORKERS: Final = 1
@@ -38,6 +38,7 @@ DEFAULT_LEASE_TTL: Final = 3
 DEFAULT_STUCK_TIMEOUT: Final = 5.0
 DEFAULT_RESIZE_TIMEOUT: Final = 60.0
 DEFAULT_OUTAGE_TIMEOUT: Final = 300.0
+DEFAULT_ON_STATE_LOSS: Final = OnStateLoss.RESTART_FROM_CHECKPOINT
 
 #: Title of the argument group of the job flags in every command's --help.
 GROUP_TITLE: Final = "job options"
@@ -71,6 +72,8 @@ class JobOptions:
     outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT
     #: Checkpoints kept in the job's checkpoint folder (at least 1).
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
+    #: What the job does when no holder of the newest commit survived.
+    on_state_loss: OnStateLoss = DEFAULT_ON_STATE_LOSS
 
 
 def new_job_id() -> str:
@@ -206,6 +209,15 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "older one when the newest is unreadable (default "
         f"{DEFAULT_KEEP_CHECKPOINTS}; at least 1; the folder needs room for K+1)",
     )
+    group.add_argument(
+        "--on-state-loss",
+        choices=[choice.value for choice in OnStateLoss],
+        default=DEFAULT_ON_STATE_LOSS.value,
+        help="when every process holding the newest commit died at once and the ring "
+        "restarted from an older one (a checkpoint, else the start): log it and record an "
+        "event naming the steps lost, then train on (restart-from-checkpoint, the default), "
+        "or also fail the job (fail); judged for elastic_allreduce.State scripts",
+    )
 
 
 def add_command(parser: argparse.ArgumentParser) -> None:
@@ -244,6 +256,7 @@ def job_options(
     resize_timeout: float = DEFAULT_RESIZE_TIMEOUT,
     outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
+    on_state_loss: OnStateLoss | str = DEFAULT_ON_STATE_LOSS,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -264,8 +277,17 @@ def job_options(
             resize_timeout=float(resize_timeout),
             outage_timeout=float(outage_timeout),
             keep_checkpoints=keep_checkpoints,
+            on_state_loss=_on_state_loss(on_state_loss),
         )
     )
+
+
+def _on_state_loss(value: OnStateLoss | str) -> OnStateLoss:
+    try:
+        return OnStateLoss(value)
+    except ValueError:
+        choices = " or ".join(choice.value for choice in OnStateLoss)
+        raise ConfigError(f"--on-state-loss must be {choices}, got {value!r}") from None
 
 
 def from_args(args: argparse.Namespace) -> JobOptions:
@@ -288,6 +310,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         resize_timeout=args.resize_timeout,
         outage_timeout=args.outage_timeout,
         keep_checkpoints=args.keep_checkpoints,
+        on_state_loss=args.on_state_loss,
     )
 
 
@@ -380,6 +403,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         stuck_timeout=options.stuck_timeout,
         resize_timeout=options.resize_timeout,
         outage_timeout=options.outage_timeout,
+        on_state_loss=options.on_state_loss,
     )
 
 
@@ -419,6 +443,8 @@ def to_args(options: JobOptions) -> list[str]:
         args += ["--checkpoint-dir", options.checkpoint_dir]
     if options.keep_checkpoints != DEFAULT_KEEP_CHECKPOINTS:
         args += ["--keep-checkpoints", str(options.keep_checkpoints)]
+    if options.on_state_loss is not DEFAULT_ON_STATE_LOSS:
+        args += ["--on-state-loss", options.on_state_loss.value]
     return [*args, "--", *options.command]
 
 

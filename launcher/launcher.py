@@ -45,11 +45,12 @@ from elastic_allreduce.records.values import (
     JobSettings,
     JobStatus,
     LeaderRecord,
+    OnStateLoss,
     ProcPhase,
     RanksRecord,
     RingState,
 )
-from elastic_allreduce.rendezvous.protocol import Admission, host_port
+from elastic_allreduce.rendezvous.protocol import Admission, Commit, host_port
 from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
 from elastic_allreduce.store.cache import PrefixCache, drain
 from launcher.agent import NodeTemplate
@@ -57,6 +58,7 @@ from launcher.observe import tensorboard
 from launcher.observe.observer import JobObserver
 from launcher.observe.server import DashboardServer
 from launcher.policy import (
+    ChangeKind,
     Decision,
     Exit,
     FinishJob,
@@ -75,6 +77,7 @@ from launcher.policy import (
 )
 from launcher.provisioners.api import Provisioner
 from launcher.rendezvous import ReadinessBoard, RendezvousService
+from launcher.state_loss import StateLossWatch
 from launcher.watchdog import (
     HangFound,
     HangWatchdog,
@@ -219,6 +222,7 @@ class Launcher:
             self.board, wait_timeout=settings.job.wait_timeout + 60, progress=self.progress
         )
         self.watchdog = HangWatchdog(settings.job.hang_timeout)
+        self.state_loss = StateLossWatch()
         self._ranks_written: RanksRecord | None = None
         self._ranks_due = 0.0
         self._ring_revision = 0
@@ -448,7 +452,12 @@ class Launcher:
                 if self.observer is not None:
                     self.observer.update(job, policy.target_workers, policy.restarts_used)
                 view = self._view(job)
-                for decision in [*policy.step(view), *self._watch(policy, view)]:
+                decisions = [
+                    *policy.step(view),
+                    *self._watch(policy, view),
+                    *self._check_state(policy, view, job),
+                ]
+                for decision in decisions:
                     if isinstance(decision, StartNodes):
                         started = self.provisioner.start_nodes(decision.count)
                         policy.nodes_started(started, time.monotonic())
@@ -553,6 +562,25 @@ class Launcher:
                 self.progress.request_stacks(item.slots)
             else:
                 decisions += self._on_hang(item, policy, view)
+        return decisions
+
+    def _check_state(self, policy: RingPolicy, view: JobView, job: JobSnapshot) -> list[Decision]:
+        """Whether a re-formed ring lost the newest commit (launcher.state_loss): each loss is
+        announced (log, events, metrics) and, with ``--on-state-loss fail``, fails the job."""
+        if job.progress is not None:
+            record = job.progress.record
+            commit_id, step = record.get("commit_id"), record.get("step")
+            if isinstance(commit_id, int) and not isinstance(commit_id, bool):
+                self.state_loss.saw(
+                    Commit(commit_id, step if isinstance(step, int) and step >= 0 else None)
+                )
+        decisions: list[Decision] = []
+        for lost in self.state_loss.step(seen.report for seen in self.progress.seen().values()):
+            message = lost.describe()
+            decisions.append(Log(message))
+            decisions.append(MembershipChange(ChangeKind.STATE_LOST, lost.epoch, (), message))
+            if self.settings.job.on_state_loss is OnStateLoss.FAIL:
+                decisions += policy.fail(f"{message} (--on-state-loss fail)", view)
         return decisions
 
     def _on_hang(self, found: HangFound, policy: RingPolicy, view: JobView) -> list[Decision]:
@@ -678,6 +706,7 @@ class Launcher:
                     "is a second launcher running?"
                 )
             self._ring_revision = revision
+            self.state_loss.formed(decision.ring.epoch)
         elif isinstance(decision, ReleaseWaiters):
             if any(a.rank >= 0 for _, a in decision.answers):
                 self.rendezvous.clear_gloo_scopes()

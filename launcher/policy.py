@@ -158,6 +158,9 @@ class ChangeKind(enum.Enum):
     LEFT = "Left"
     CRASHED = "Crashed"
     REFORMED = "Reformed"
+    #: No process holding the newest commit survived: the ring restarted from an older one
+    #: (launcher.state_loss; ``slots`` empty).
+    STATE_LOST = "StateLost"
 
 
 @dataclass(frozen=True)

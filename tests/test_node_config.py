@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_allreduce.errors import ConfigError
-from elastic_allreduce.records.values import JobConfig, JobSettings
+from elastic_allreduce.errors import ConfigError, MalformedValueError
+from elastic_allreduce.records.values import JobConfig, JobSettings, OnStateLoss
 from launcher import job_options, netinfo
 from launcher.agent import check_command, resolve_command, slot_devices
 
@@ -123,6 +123,32 @@ def test_the_timeouts_are_job_options_with_their_defaults_stored() -> None:
     job_options.add_job_flags(parser)
     job_options.add_command(parser)
     assert job_options.from_args(parser.parse_args(job_options.to_args(options))) == options
+
+
+def test_on_state_loss_is_a_job_option_stored_with_the_job() -> None:
+    parser = argparse.ArgumentParser()
+    job_options.add_job_flags(parser)
+    job_options.add_command(parser)
+    default = job_options.job_options(["python", "t.py"])
+    assert default.on_state_loss is OnStateLoss.RESTART_FROM_CHECKPOINT
+    assert "--on-state-loss" not in job_options.to_args(default)  # the manifests stay as they are
+    failing = job_options.job_options(["python", "t.py"], on_state_loss="fail")
+    assert failing.on_state_loss is OnStateLoss.FAIL
+    assert job_options.from_args(parser.parse_args(job_options.to_args(failing))) == failing
+    settings = job_options.job_settings(failing)
+    assert JobSettings.from_json("config/job", settings.to_json()) == settings
+    stored = settings.to_json()
+    older = {k: v for k, v in stored.items() if k != "on_state_loss"}  # an older version's
+    assert (
+        JobSettings.from_json("config/job", older).on_state_loss
+        is OnStateLoss.RESTART_FROM_CHECKPOINT
+    )
+    with pytest.raises(MalformedValueError, match="'on_state_loss' must be one of"):
+        JobSettings.from_json("config/job", {**older, "on_state_loss": "shrug"})
+    with pytest.raises(
+        ConfigError, match="--on-state-loss must be restart-from-checkpoint or fail"
+    ):
+        job_options.job_options(["python", "t.py"], on_state_loss="shrug")
 
 
 @pytest.mark.parametrize(

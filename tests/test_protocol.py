@@ -132,6 +132,13 @@ def test_progress_reports_round_trip_and_urls_name_the_slot() -> None:
     report = protocol.ProgressReport(2, 41, 40, "evaluation", 0.125, 1000)
     assert protocol.ProgressReport.decode(report.encode()) == report
     assert protocol.ProgressReport.decode(protocol.ProgressReport(1, 0).encode()).phase is None
+    committed = protocol.ProgressReport(
+        3,
+        9,
+        commit=protocol.Commit(12, 120),
+        synced=protocol.Synced(4, protocol.Commit(10, None)),
+    )
+    assert protocol.ProgressReport.decode(committed.encode()) == committed
     reply = protocol.ProgressReply(send_stacks=True)
     assert protocol.ProgressReply.decode(reply.encode()) == reply
     stacks = protocol.StacksReport(1, None, "train.py:3 in f", 'Thread "MainThread":\n')
@@ -152,6 +159,17 @@ def test_progress_reports_round_trip_and_urls_name_the_slot() -> None:
         (b'{"incarnation": 1, "ticks": 1, "phase": "a\\nb"}', "printable"),
         (b'{"incarnation": 1, "ticks": 1, "step_seconds": -1}', "seconds >= 0"),
         (b'{"incarnation": 1, "ticks": 1, "step_seconds": NaN}', "seconds >= 0"),
+        (b'{"incarnation": 1, "ticks": 1, "commit": 5}', "commit must be an object"),
+        (b'{"incarnation": 1, "ticks": 1, "commit": {"step": 1}}', "'commit_id' must be an"),
+        (b'{"incarnation": 1, "ticks": 1, "commit": {"commit_id": -1}}', "'commit_id' must be"),
+        (
+            b'{"incarnation": 1, "ticks": 1, "synced": {"commit_id": 1, "step": 2}}',
+            "synced: field 'epoch' must be an integer",
+        ),
+        (
+            b'{"incarnation": 1, "ticks": 1, "synced": {"epoch": 1, "commit_id": 1, "step": "x"}}',
+            "'step' must be an integer",
+        ),
         (b"{" + b" " * 5000 + b"}", "too large"),
     ],
 )

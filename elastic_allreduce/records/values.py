@@ -170,6 +170,16 @@ class LeaderRecord:
         return cls(fields.opt_text("rendezvous"), fields.opt_text("dashboard"))
 
 
+class OnStateLoss(str, enum.Enum):
+    """What the job does when a ring lost the newest commit (``--on-state-loss``)."""
+
+    #: Log it, record the event and train on from what the ring has (a checkpoint, else the
+    #: start).
+    RESTART_FROM_CHECKPOINT = "restart-from-checkpoint"
+    #: Fail the job with that reason.
+    FAIL = "fail"
+
+
 @dataclass(frozen=True)
 class JobSettings:
     """What the user asked of the ring; part of ``config/job`` so a launcher can read it back."""
@@ -195,6 +205,8 @@ class JobSettings:
     #: Seconds the launcher, agents and training processes wait out an unreachable store
     #: before they give up (and the job fails).
     outage_timeout: float = 300.0
+    #: When no holder of the newest commit survived a failure.
+    on_state_loss: OnStateLoss = OnStateLoss.RESTART_FROM_CHECKPOINT
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -209,6 +221,7 @@ class JobSettings:
             "hang_timeout": self.hang_timeout,
             "lease_ttl": self.lease_ttl,
             "outage_timeout": self.outage_timeout,
+            "on_state_loss": self.on_state_loss.value,
         }
 
     @classmethod
@@ -226,6 +239,9 @@ class JobSettings:
             hang_timeout=fields.number("hang_timeout", 300.0),
             lease_ttl=fields.opt_integer("lease_ttl", minimum=1) or 3,
             outage_timeout=fields.number("outage_timeout", 300.0),
+            on_state_loss=fields.enum(
+                "on_state_loss", OnStateLoss, OnStateLoss.RESTART_FROM_CHECKPOINT
+            ),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(

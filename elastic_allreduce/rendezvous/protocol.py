@@ -281,6 +281,52 @@ def stacks_url(address: str, slot: str) -> str:
 
 
 @dataclass(frozen=True)
+class Commit:
+    """A commit of the training state: its id (counts commits from the job's start, carried
+    through syncs and checkpoints) and the script's ``step`` attribute at it, if it has one."""
+
+    commit_id: int
+    step: int | None = None
+
+    def to_json(self) -> dict[str, int | None]:
+        return {"commit_id": self.commit_id, "step": self.step}
+
+    @classmethod
+    def parse(cls, value: object, what: str) -> Commit | None:
+        """None for None; ProtocolError for anything but ``{"commit_id": N, "step": N|null}``."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{what} must be an object, got {value!r:.40}")
+        step = value.get("step")
+        return cls(
+            _count(value, "commit_id", what),
+            None if step is None else _count(value, "step", what),
+        )
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What a process's last state sync gave it: the ring epoch it synced in and the commit."""
+
+    epoch: int
+    commit: Commit
+
+    def to_json(self) -> dict[str, object]:
+        return {"epoch": self.epoch, **self.commit.to_json()}
+
+    @classmethod
+    def parse(cls, value: object, what: str) -> Synced | None:
+        """None for None; ProtocolError for anything but ``{"epoch": N, "commit_id": N,
+        "step": N|null}``."""
+        commit = Commit.parse(value, what)
+        if commit is None:
+            return None
+        assert isinstance(value, dict)
+        return cls(_count(value, "epoch", what), commit)
+
+
+@dataclass(frozen=True)
 class ProgressReport:
     """A training process's progress, as it reports it about once a second.
 
@@ -302,6 +348,10 @@ class ProgressReport:
     samples_per_step: int | None = None
     #: Steps this process ran past a commit and lost to failures, in all (it only grows).
     rolled_back_steps: int = 0
+    #: The state's last commit: its id and the script's step at it (``ea.State`` only).
+    commit: Commit | None = None
+    #: What the last sync gave this process: the ring epoch it synced in, and the commit.
+    synced: Synced | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -314,6 +364,8 @@ class ProgressReport:
                 "total_steps": self.total_steps,
                 "samples_per_step": self.samples_per_step,
                 "rolled_back_steps": self.rolled_back_steps,
+                "commit": None if self.commit is None else self.commit.to_json(),
+                "synced": None if self.synced is None else self.synced.to_json(),
             }
         ).encode()
 
@@ -350,6 +402,8 @@ class ProgressReport:
                 if fields.get("rolled_back_steps") is None
                 else _count(fields, "rolled_back_steps", "progress")
             ),
+            commit=Commit.parse(fields.get("commit"), "progress: commit"),
+            synced=Synced.parse(fields.get("synced"), "progress: synced"),
         )
 
 

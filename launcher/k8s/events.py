@@ -2,10 +2,10 @@
 
 :class:`EventRecorder` is the launcher's event sink in Kubernetes mode: every
 :class:`~launcher.policy.MembershipChange` (a join, a leave, a crash, a re-formed ring) becomes a
-core/v1 Event whose involvedObject is the launcher's pod (reason Joined, Left, Crashed or
-Reformed; type Warning for crashes), so ``kubectl describe pod <launcher>`` and ``kubectl get
-events`` show the job's history. After each re-formed ring it also sets the annotation
-``elastic-allreduce/ring`` on the launcher's pod (epoch and ranks).
+core/v1 Event whose involvedObject is the launcher's pod (reason Joined, Left, Crashed,
+Reformed or StateLost; type Warning for crashes and lost state), so ``kubectl describe pod
+<launcher>`` and ``kubectl get events`` show the job's history. After each re-formed ring it
+also sets the annotation ``elastic-allreduce/ring`` on the launcher's pod (epoch and ranks).
 
 Events are sent from a thread of their own, through the one API client
 (:class:`launcher.k8s.client.Kube`), so a slow API never holds up the control loop. A transient
@@ -34,6 +34,9 @@ from launcher.k8s.errors import (
 from launcher.k8s.naming import EVENT_COMPONENT, RING_ANNOTATION, job_labels
 from launcher.k8s.retry import TRANSIENT_BACKOFF, Backoff, retrying
 from launcher.policy import ChangeKind, MembershipChange
+
+#: Changes recorded as Warning events (the others are Normal).
+_WARNINGS = frozenset({ChangeKind.CRASHED, ChangeKind.STATE_LOST})
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ class EventRecorder:
             "involvedObject": involved,
             "reason": change.kind.value,
             "message": f"job {self.job_id}: {change.message}",
-            "type": "Warning" if change.kind is ChangeKind.CRASHED else "Normal",
+            "type": "Warning" if change.kind in _WARNINGS else "Normal",
             "source": {"component": EVENT_COMPONENT},
             "reportingComponent": EVENT_COMPONENT,
             "reportingInstance": self.pod_name,

@@ -32,6 +32,8 @@ class EventKind(str, enum.Enum):
     REFORMED = "Reformed"
     #: The hang watchdog found the ring without progress (``slots``: the ranks it replaced).
     HUNG = "Hung"
+    #: The ring restarted from an older commit than the newest (the message names the steps).
+    STATE_LOST = "StateLost"
     #: The last commit as rank 0 reported it: ``step`` and ring ``size``.
     PROGRESS = "Progress"
     FINISHED = "Finished"

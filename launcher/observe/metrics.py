@@ -42,7 +42,8 @@ class JobMetrics:
         Gauge("elastic_restarts_limit", "--max-restarts.", registry=r).set(settings.max_restarts)
         self.changes = Counter(
             "elastic_membership_changes",
-            "Slots that joined, left or crashed, ring epochs re-formed and hangs found, by kind.",
+            "Slots that joined, left or crashed, ring epochs re-formed, hangs found and states "
+            "lost, by kind.",
             ["kind"],
             registry=r,
         )
@@ -111,6 +112,7 @@ class JobMetrics:
             EventKind.CRASHED,
             EventKind.REFORMED,
             EventKind.HUNG,
+            EventKind.STATE_LOST,
         )
         for kind in kinds:
             self.changes.labels(kind.value)  # every series exists from the start, at 0
@@ -123,7 +125,7 @@ class JobMetrics:
         if event.kind in (EventKind.STARTED, EventKind.PROGRESS):
             return
         # A join, leave or crash counts each slot it concerns; a re-formed ring or a hang once.
-        once = event.kind in (EventKind.REFORMED, EventKind.HUNG)
+        once = event.kind in (EventKind.REFORMED, EventKind.HUNG, EventKind.STATE_LOST)
         slots = 1 if once else max(1, len(event.slots))
         self.changes.labels(event.kind.value).inc(slots)
         if event.kind is EventKind.REFORMED and event.cause is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,11 @@ FIXED_ARGS = (
 )
 
 
-def assert_consistent_finish(job: Job, expected_slots: int) -> None:
-    """Every survivor finished every step with the same weights."""
+def assert_consistent_finish(job: Job, expected_slots: int, *, state_lost: bool = False) -> None:
+    """Every survivor finished every step with the same weights (and, unless every holder of
+    the newest commit was killed, the launcher reported no lost state)."""
+    if not state_lost:
+        assert not [line for line in job.lines if "state lost" in line], job.tail()
     done = job.done()
     assert len(done) == expected_slots, job.tail()
     assert {e.data["step"] for e in done} == {STEPS}
@@ -288,6 +292,14 @@ def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: s
     assert "unknown job 'no-such-job'" in result.stderr
 
 
+def kill_every_rank_after_commits(job: Job) -> None:
+    """SIGKILL both training processes of a 2-worker job at once, after a dozen commits."""
+    job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
+    slots = sorted({e.slot for e in job.commits(2)})
+    for pid in [job.pid(keys.proc(slot)) for slot in slots]:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
@@ -300,11 +312,7 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
         script_args=TRAIN,
     )
     jobs.append(job)
-    job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
-    slots = sorted({e.slot for e in job.commits(2)})
-    pids = [job.pid(keys.proc(slot)) for slot in slots]
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+    kill_every_rank_after_commits(job)
     killed_at = max(e.data["step"] for e in job.commits(2))
     assert job.finish() == 0, job.tail()
     resumed = [e for e in job.events if e.data.get("event") == "resumed"]
@@ -320,7 +328,38 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
     entries = sorted(p.name for p in folder.iterdir())
     assert len(entries) == 2 and entries[0] == "LATEST", entries
     assert entries[1] == (folder / "LATEST").read_text().strip()
-    assert_consistent_finish(job, 2)
+    assert_consistent_finish(job, 2, state_lost=True)
+
+
+def test_losing_every_holder_of_the_newest_commit_is_named_and_fails_the_job_when_asked(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    """Every training process dies at once, no checkpoint: the new ring starts from step 0,
+    and the launcher says which commit and how many steps were lost (issue 17, item 4)."""
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "2", "--on-state-loss", "fail"),
+        script=EA_SCRIPT,
+        script_args=TRAIN,
+    )
+    jobs.append(job)
+    kill_every_rank_after_commits(job)
+    assert job.finish() == 1, job.tail()
+    lost = [line for line in job.lines if "launcher] state lost: no process holding" in line]
+    assert len(lost) == 1, job.tail()
+    # The newest commit named is one the killed ranks made; the new ring began at the start.
+    named = re.search(r"newest commit \(commit (\d+), step (\d+)\)", lost[0])
+    assert named is not None, lost[0]
+    commit_id, step = int(named[1]), int(named[2])
+    made = {e.data["step"] for e in job.commits(2)}
+    assert step in made and step >= 12 * COMMIT_EVERY // 2, (step, sorted(made))
+    assert commit_id >= 1
+    assert f"restarted from the start (no checkpoint), {step} steps lost" in lost[0]
+    with EtcdStore(etcd_server.endpoints_text, job.job_id) as store:
+        status = read_job(store).status
+    assert status is not None and status.record.phase is JobPhase.FAILED
+    assert status.record.reason is not None and "--on-state-loss fail" in status.record.reason
+    assert f"{step} steps lost" in status.record.reason
 
 
 def test_status_shows_the_ring_members_and_last_commit(
