@@ -27,8 +27,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, TypedDict
 
 import horovod.tensorflow as hvd
@@ -368,11 +371,14 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self._checkpoint_every = checkpoint_every
         self._reporter: LatestValueWriter | None = None
         super().__init__(model, optimizer, commit_id=0, **kwargs)
+        #: The newest commit on disk (0: none).
+        self._checkpointed = 0
         if self._checkpoints is not None:
             if hvd.rank() == 0:
                 # The only writer: a crashed writer's staging leftovers go now.
                 self._checkpoints.prepare()
             self._load_checkpoint(self._checkpoints)
+            self._save_on_sigterm()
         self._on_resize = on_resize
         self._size = hvd.size()
         if on_resize is not None:
@@ -495,7 +501,44 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         ConfigError for attributes that are not JSON values)."""
         self._build_optimizer()
         arrays = [np.asarray(v.numpy()) for v in self._arrays()]
-        checkpoints.write(self.commit_id, arrays, dict(self._saved_state), self._fingerprint())
+        commit_id = self.commit_id
+        if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
+            self._checkpointed = commit_id
+
+    def _save_on_sigterm(self) -> None:
+        """SIGTERM (a node stopped before it could hand its state on: the leave timeout, a
+        failed job, a preempted pod's last seconds) makes rank 0 write the last commit if it is
+        newer than the newest checkpoint, then die of SIGTERM as it would have."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            try:
+                self._write_last_commit()
+            finally:
+                if callable(previous):
+                    previous(signum, frame)
+                else:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _write_last_commit(self) -> None:
+        """Rank 0: the last commit (the saved copy, not the live variables, which may be steps
+        past it) to the checkpoint folder, unless it is there already."""
+        checkpoints = self._checkpoints
+        commit_id = int(self._saved_state.get("commit_id", 0))
+        if checkpoints is None or hvd.rank() != 0 or commit_id <= self._checkpointed:
+            return
+        saved = [*self._saved_model_state, *self._saved_optimizer_state]
+        if len(saved) != len(self._arrays()):
+            return  # the optimizer has not stepped since the commit: nothing to write yet
+        log.warning("SIGTERM: writing the last commit (%d) before exiting", commit_id)
+        arrays = [np.asarray(value) for value in saved]
+        if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
+            self._checkpointed = commit_id
 
     def _load_checkpoint(self, checkpoints: CheckpointDir) -> None:
         """Take the newest usable checkpoint of this job, if there is one."""
@@ -510,6 +553,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self._saved_state = loaded.attributes
         self._set_attrs()
         self.save()
+        self._checkpointed = int(loaded.attributes.get("commit_id", 0))
         log.info(
             "resumed from checkpoint %s (commit %s)",
             loaded.checkpoint.path,

@@ -87,6 +87,10 @@ OUTAGE_NOTE_INTERVAL: Final = 10.0
 LEADERLESS_GRACE: Final = 60.0
 #: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
 LEAVING_OUTAGE_WAIT: Final = 5.0
+#: Seconds the processes of a node whose leave timed out get between SIGTERM and SIGKILL: rank 0
+#: of ``ea.State`` writes its last commit to the checkpoint folder on SIGTERM (the Kubernetes
+#: worker's grace period is the leave timeout plus 30 s).
+LEAVE_STOP_GRACE: Final = 25.0
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
 _STOPPED_STATES: Final = frozenset({"T", "t"})
 
@@ -419,7 +423,8 @@ class Agent:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
                     return 0
                 if self._leave_deadline is not None and time.monotonic() > self._leave_deadline:
-                    self._stop_all(grace=0.0)
+                    self._leave_deadline = None
+                    self._stop_all(grace=LEAVE_STOP_GRACE)
             elif not self._procs and not any(
                 incarnation > 0 for incarnation in self._desired.values()
             ):

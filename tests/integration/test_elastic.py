@@ -362,6 +362,32 @@ def test_losing_every_holder_of_the_newest_commit_is_named_and_fails_the_job_whe
     assert f"{step} steps lost" in status.record.reason
 
 
+def test_sigterm_to_the_only_holder_writes_its_last_commit_and_the_restart_resumes_from_it(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """The only training process (rank 0, the only copy of the state) is stopped with SIGTERM
+    long before its next periodic checkpoint: it writes its last commit on the way out, and its
+    restarted incarnation resumes from exactly there (issue 17, item 3)."""
+    job = start_job(
+        etcd_server,
+        *("--workers", "1", "--max-restarts", "1", "--checkpoint-dir", str(tmp_path)),
+        script=EA_SCRIPT,
+        script_args=(*TRAIN, "--checkpoint-every", "1000"),
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(1)) >= 6, 90, "commits at size 1")
+    (slot,) = {e.slot for e in job.commits(1)}
+    os.kill(job.pid(keys.proc(slot)), signal.SIGTERM)
+    job.wait_for(lambda: any(e.data.get("event") == "resumed" for e in job.events), 90, "resume")
+    assert job.finish() == 0, job.tail()
+    (resumed,) = [e for e in job.events if e.data.get("event") == "resumed"]
+    before = [e.data["step"] for e in job.commits(1) if e.at < resumed.at]
+    # The newest commit the first incarnation made, not an older one and not step 0.
+    assert resumed.data["step"] == max(before) >= 6 * COMMIT_EVERY, (resumed.data, before)
+    assert any("SIGTERM: writing the last commit" in line for line in job.lines), job.tail()
+    assert_consistent_finish(job, 1)
+
+
 def test_status_shows_the_ring_members_and_last_commit(
     etcd_server: EmbeddedEtcd, jobs: list[Job]
 ) -> None:
