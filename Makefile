@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup lint test test-known-bugs coverage demo chaos bench bench-quick bench-store bench-core clean
+.PHONY: setup lint test test-known-bugs coverage demo chaos bench bench-quick bench-store bench-core clean \
+	kube-build kube-up kube-down test-kube
 
 setup: $(STAMP)
 
@@ -69,3 +70,40 @@ demo: setup
 # every digit exactly once per epoch (a few minutes on 2 cores).
 chaos: setup
 	$(BIN)/python examples/chaos.py
+
+# A private Kubernetes control plane for the tests (docs/kubernetes.md, "A real control plane in
+# the tests"). `kube-build` compiles etcd, kube-apiserver, kube-scheduler, kube-controller-manager
+# and kubectl, pinned by tools/kube/go.mod, into one binary (cold: about 6 minutes on 2 cores;
+# Go's module and build caches make a rebuild quick, and make skips it when nothing changed).
+GO ?= go
+KUBE_BIN := build/kube/bin
+KUBE_VERSION = $(shell sed -n 's/^[[:space:]]*k8s.io\/kubernetes v\([0-9.]*\)$$/\1/p' tools/kube/go.mod)
+KUBE_VERSION_VARS = k8s.io/component-base/version k8s.io/client-go/pkg/version
+KUBE_LDFLAGS = $(foreach pkg,$(KUBE_VERSION_VARS),-X $(pkg).gitVersion=v$(KUBE_VERSION) \
+	-X $(pkg).gitMajor=$(word 1,$(subst ., ,$(KUBE_VERSION))) \
+	-X $(pkg).gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION))) -X $(pkg).gitTreeState=clean)
+# Nodes of the process kubelet that `kube-up` starts (0: the control plane only).
+KUBE_NODES ?= 2
+
+kube-build: $(KUBE_BIN)/kube-control-plane $(KUBE_BIN)/kubectl
+
+$(KUBE_BIN)/kube-control-plane: tools/kube/go.mod tools/kube/go.sum $(wildcard tools/kube/*.go)
+	@command -v $(GO) >/dev/null || { echo "kube-build needs Go ($(GO) is not on PATH)" >&2; exit 1; }
+	mkdir -p $(KUBE_BIN)
+	cd tools/kube && $(GO) build -trimpath -buildvcs=false -ldflags "$(KUBE_LDFLAGS)" \
+		-o $(abspath $@) .
+
+$(KUBE_BIN)/kubectl: $(KUBE_BIN)/kube-control-plane
+	ln -sfn kube-control-plane $@
+
+# Start a cluster in build/kube and leave it running (kubeconfig: build/kube/kubeconfig);
+# prints its start-up time. `make kube-down` stops it and removes everything it made.
+kube-up: setup kube-build
+	$(BIN)/python -m tests.helpers.kube.cluster up --nodes $(KUBE_NODES)
+
+kube-down: setup
+	$(BIN)/python -m tests.helpers.kube.cluster down
+
+# The tests against the real control plane (they skip, saying why, where it cannot be built).
+test-kube: setup kube-build
+	$(BIN)/pytest tests/kube

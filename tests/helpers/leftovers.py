@@ -6,7 +6,8 @@ starts so that every child inherits it, through ``setsid``, ``ip netns exec`` an
 reparented to init alike; and those that descend from the pytest process (a child started
 with an environment of its own). A process of another session or of the developer carries
 neither and is never counted nor touched. Namespaces are ours when their name says the pytest
-process made them (``eatns-<pid>-...``, see :mod:`tests.helpers.testhosts`).
+process made them (``eatns-<pid>-...``, see :mod:`tests.helpers.testhosts`; ``eakube-<pid>-...``,
+the test cluster's, see :mod:`tests.helpers.kube.cluster`).
 
 At the end of the session (:func:`pytest_sessionfinish`, imported by ``tests/conftest.py``)
 leftovers get a grace period to exit; those still there are reported, killed, and fail the
@@ -31,6 +32,7 @@ from typing import Final
 import pytest
 
 from tests.helpers import testhosts
+from tests.helpers.kube import cluster as kube_cluster
 
 #: Environment variable naming the test session a process belongs to (inherited by children).
 SESSION_MARKER: Final = "ELASTIC_ALLREDUCE_TEST_SESSION"
@@ -227,13 +229,14 @@ def end_process_tree(
 
 
 def session_namespaces(creator: int) -> list[str]:
-    """Test-host namespaces that process ``creator`` made (``eatns-<creator>-...``)."""
-    prefix = f"{testhosts.PREFIX}-{creator}-"
+    """Test-host and test-cluster namespaces that process ``creator`` made
+    (``eatns-<creator>-...``, ``eakube-<creator>-...``)."""
+    prefixes = tuple(f"{prefix}-{creator}-" for prefix in (testhosts.PREFIX, kube_cluster.PREFIX))
     try:
         names = testhosts.all_namespaces()
     except testhosts.TestHostsError:  # no `ip` here: no namespaces either
         return []
-    return [name for name in names if name.startswith(prefix)]
+    return [name for name in names if name.startswith(prefixes)]
 
 
 def remove_namespaces(names: Iterable[str]) -> list[str]:
