@@ -18,8 +18,10 @@ import pytest
 
 from tests.helpers.kube.cluster import ROOT, KubeCluster, missing_binary_reason
 
-#: Nodes of the process kubelet in the session's cluster (0: the control plane only).
-NODES = 0
+#: Nodes of the process kubelet in the session's cluster (0: the control plane only), and the
+#: ``nvidia.com/gpu`` each reports (only counted by the scheduler: no GPU is used).
+NODES = 2
+GPUS_PER_NODE = 2
 #: hostPath PersistentVolumes: each overlay's claims (base and gpu-example: 3 etcd members and
 #: the checkpoints) bind one, and the namespaces of the tests are deleted without waiting.
 VOLUMES = 12
@@ -90,7 +92,9 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
     reason = cluster_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    cluster = KubeCluster(tmp_path_factory.mktemp("kube"), nodes=NODES, volumes=VOLUMES)
+    cluster = KubeCluster(
+        tmp_path_factory.mktemp("kube"), nodes=NODES, gpus_per_node=GPUS_PER_NODE, volumes=VOLUMES
+    )
     cluster.start()
     print(f"\ntest cluster {cluster.prefix} started in {cluster.startup_seconds:.1f} s")
     try:
