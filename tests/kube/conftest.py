@@ -8,15 +8,24 @@ only where it cannot be built or cannot run (no Go, a failed build, not root, no
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from launcher.k8s.client import Kind, Kube, connect
 from tests.helpers.kube.cluster import ROOT, KubeCluster, missing_binary_reason
+from tests.helpers.kube.kubelet import KubeletClient
+
+POD = Kind("v1", "Pod", "pods")
+NAMESPACE = Kind("v1", "Namespace", "namespaces", namespaced=False)
+_numbers = itertools.count(1)
 
 #: Nodes of the process kubelet in the session's cluster (0: the control plane only), and the
 #: ``nvidia.com/gpu`` each reports (only counted by the scheduler: no GPU is used).
@@ -101,3 +110,75 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def kube(kube_cluster: KubeCluster) -> Iterator[Kube]:
+    client = connect(kubeconfig=str(kube_cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def kubelet(kube_cluster: KubeCluster) -> KubeletClient:
+    return KubeletClient(kube_cluster.state())
+
+
+@pytest.fixture(scope="module")
+def namespaces_made(kube: Kube) -> Iterator[list[str]]:
+    """The namespaces the module's tests made: all gone when the module ends."""
+    made: list[str] = []
+    yield made
+    wait(
+        lambda: all(kube.get(NAMESPACE, name, None) is None for name in made),
+        90.0,
+        f"the namespace controller to remove namespaces {made}",
+    )
+
+
+@pytest.fixture
+def namespace(kube: Kube, kubelet: KubeletClient, namespaces_made: list[str]) -> Iterator[str]:
+    """A namespace of this test's own. Afterwards it is deleted (the namespace controller
+    removes it and all it holds; the module waits for that at its end) and its pods at once:
+    the next test starts when they and their sandboxes are gone."""
+    name = f"test-{next(_numbers)}-{os.getpid()}"
+    before = set(kubelet.pod_namespaces())
+    kube.request("POST", NAMESPACE, None, body={"metadata": {"name": name}})
+    namespaces_made.append(name)
+    wait_for_default_service_account(kube, name)
+    try:
+        yield name
+    finally:
+        kube.request("DELETE", NAMESPACE, None, name)  # its controllers make no new pods
+        kube.request("DELETE", POD, name)  # all its pods, each with its grace period
+        wait(
+            lambda: not kube.list(POD, name, "") and not set(kubelet.pod_namespaces()) - before,
+            60.0,
+            f"the pods of namespace {name} and their sandboxes to go",
+        )
+
+
+def wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``check`` (a few API reads) until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        value = check()
+        if value:
+            return value
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.5)
+
+
+def wait_for_default_service_account(kube: Kube, namespace: str) -> None:
+    account = Kind("v1", "ServiceAccount", "serviceaccounts")
+    wait(
+        lambda: kube.get(account, "default", namespace) is not None,
+        30.0,
+        f"the default service account of {namespace}",
+    )

@@ -50,11 +50,11 @@ from tests.helpers.kube.kubelet import (
 )
 from tests.helpers.kube.pod_spec import PodContext, PodSpecError
 from tests.kube import conftest
+from tests.kube.conftest import POD
+from tests.kube.conftest import wait as _wait
 
 Obj = dict[str, Any]
 
-POD = Kind("v1", "Pod", "pods")
-NAMESPACE = Kind("v1", "Namespace", "namespaces", namespaced=False)
 SECRET = Kind("v1", "Secret", "secrets")
 CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 SERVICE = Kind("v1", "Service", "services")
@@ -463,78 +463,6 @@ def cluster(kube_cluster: KubeCluster) -> KubeCluster:
     """The session's cluster, with the kubelet's nodes (tests/kube/conftest.py)."""
     assert conftest.NODES >= 2, "these tests need the session cluster's kubelet nodes"
     return kube_cluster
-
-
-@pytest.fixture(scope="module")
-def kube(cluster: KubeCluster) -> Iterator[Kube]:
-    client = connect(kubeconfig=str(cluster.kubeconfig))
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture(scope="module")
-def kubelet(cluster: KubeCluster) -> KubeletClient:
-    return KubeletClient(cluster.state())
-
-
-@pytest.fixture(scope="module")
-def namespaces_made(kube: Kube) -> Iterator[list[str]]:
-    """The namespaces the module's tests made: all gone when the module ends."""
-    made: list[str] = []
-    yield made
-    _wait(
-        lambda: all(kube.get(NAMESPACE, name, None) is None for name in made),
-        90.0,
-        f"the namespace controller to remove namespaces {made}",
-    )
-
-
-@pytest.fixture
-def namespace(kube: Kube, kubelet: KubeletClient, namespaces_made: list[str]) -> Iterator[str]:
-    """A namespace of this test's own. Afterwards it is deleted (the namespace controller
-    removes it and all it holds; the module waits for that at its end) and its pods at once:
-    the next test starts when they and their sandboxes are gone."""
-    name = f"kubelet-{next(_numbers)}-{os.getpid()}"
-    before = set(kubelet.pod_namespaces())
-    kube.request("POST", NAMESPACE, None, body={"metadata": {"name": name}})
-    namespaces_made.append(name)
-    _wait_for_default_service_account(kube, name)
-    try:
-        yield name
-    finally:
-        kube.request("DELETE", NAMESPACE, None, name)  # its controllers make no new pods
-        kube.request("DELETE", POD, name)  # all its pods, each with its grace period
-        _wait(
-            lambda: not kube.list(POD, name, "") and not set(kubelet.pod_namespaces()) - before,
-            60.0,
-            f"the pods of namespace {name} and their sandboxes to go",
-        )
-
-
-def _wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``check`` (a few API reads) until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        value = check()
-        if value:
-            return value
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.5)
-
-
-def _wait_for_default_service_account(kube: Kube, namespace: str) -> None:
-    account = Kind("v1", "ServiceAccount", "serviceaccounts")
-    _wait(
-        lambda: kube.get(account, "default", namespace) is not None,
-        30.0,
-        f"the default service account of {namespace}",
-    )
 
 
 def watch_until(

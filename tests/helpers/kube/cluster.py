@@ -568,16 +568,36 @@ class KubeCluster:
         return self._spawn(name, ["ip", "netns", "exec", self.cp_namespace, str(BINARY), *argv])
 
     def _start_forwarder(self) -> None:
+        _, self.forward_port = self._forward(
+            "forward",
+            ("--listen", "127.0.0.1:0"),
+            ("--connect-netns", self.cp_namespace),
+            ("--connect", f"{APISERVER_ADDRESS}:{APISERVER_PORT}"),
+        )
+
+    def expose_to_pods(self, name: str, port: int) -> tuple[str, _Process]:
+        """Make ``127.0.0.1:port`` of the root namespace (a test's etcd) reachable from the
+        pods, at ``<the control plane's address>:<a free port>``: that endpoint, and the
+        forwarder's process (stop it with ``.stop(timeout)``; ``close()`` stops it too)."""
+        proc, forwarded = self._forward(
+            name,
+            ("--listen-netns", self.cp_namespace),
+            ("--listen", f"{APISERVER_ADDRESS}:0"),
+            ("--connect", f"127.0.0.1:{port}"),
+        )
+        return f"{APISERVER_ADDRESS}:{forwarded}", proc
+
+    def _forward(self, name: str, *flags: tuple[str, str]) -> tuple[_Process, int]:
+        """Start a forwarder (tests.helpers.kube.forward) with these flags; its process and
+        the port it listens on, once it does."""
         read_end, write_end = os.pipe()
         try:
             proc = self._spawn(
-                "forward",
+                name,
                 [
                     sys.executable,
                     *("-m", "tests.helpers.kube.forward"),
-                    *("--listen", "127.0.0.1:0"),
-                    *("--connect-netns", self.cp_namespace),
-                    *("--connect", f"{APISERVER_ADDRESS}:{APISERVER_PORT}"),
+                    *(part for flag in flags for part in flag),
                     *("--ready-fd", str(write_end)),
                 ],
                 pass_fds=[write_end],
@@ -602,7 +622,7 @@ class KubeCluster:
             os.close(read_end)
             if write_end >= 0:
                 os.close(write_end)
-        self.forward_port = int(text)
+        return proc, int(text)
 
     def _make_pki(self) -> None:
         pki = ClusterPki(self.pki)
@@ -894,7 +914,8 @@ class KubeCluster:
         forwarder, then delete the cluster's namespaces. Idempotent; raises
         :class:`KubeClusterError` listing what could not be removed, after trying all of it."""
         problems: list[str] = []
-        for name in STOP_ORDER:
+        extra = [name for name in self.processes if name not in STOP_ORDER]  # expose_to_pods'
+        for name in [*extra, *STOP_ORDER]:
             proc = self.processes.get(name)
             if proc is None:
                 continue
