@@ -422,7 +422,11 @@ class Agent:
                 if not self._procs:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
                     return 0
-                if self._leave_deadline is not None and time.monotonic() > self._leave_deadline:
+                if self._leave_deadline is not None and (
+                    time.monotonic() > self._leave_deadline or self._leaderless_since is not None
+                ):
+                    # Past the leave timeout, or no launcher to re-form the ring without this
+                    # node (a job torn down): SIGTERM lets rank 0 save its last commit.
                     self._leave_deadline = None
                     self._stop_all(grace=LEAVE_STOP_GRACE)
             elif not self._procs and not any(

@@ -184,6 +184,13 @@ class Shadows:
         return False
 
 
+def _hold(path: str) -> str:
+    """Open ``path`` (O_PATH, closed at exec) and name it by its descriptor, which keeps naming
+    it when a later mount covers its folder."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    return f"/proc/self/fd/{fd}"
+
+
 def set_up(spec: dict[str, Any]) -> None:
     """Mounts, working directory and host name, as ``spec`` says."""
     # Nothing mounted here may reach the machine, whatever `ip netns exec` left propagating.
@@ -196,11 +203,20 @@ def set_up(spec: dict[str, Any]) -> None:
     for tmpfs in spec.get("tmpfs") or []:
         size = f",size={int(tmpfs['size'])}" if tmpfs.get("size") else ""
         mount("tmpfs", tmpfs["path"], "tmpfs", 0, f"mode=1777{size}")
+    # Every source and the scratch folder are held open before the first mount at a target: a
+    # mount at /tmp must not hide the sources of the mounts after it (the pod folders are
+    # under /tmp in the tests), so they are bound through /proc/self/fd/N.
+    os.makedirs(shadows.scratch, exist_ok=True)
+    shadows.scratch = _hold(shadows.scratch)
+    held: list[tuple[str, bool, dict[str, Any]]] = []
     for entry in mounts:
         source, target = entry["source"], entry["target"]
         if not os.path.exists(source):
             raise InitError("StartError", f"volume source {source} for {target} does not exist")
-        shadows.ensure(target, is_file=not os.path.isdir(source))
+        held.append((_hold(source), os.path.isdir(source), entry))
+    for source, is_dir, entry in held:
+        target = entry["target"]
+        shadows.ensure(target, is_file=not is_dir)
         bind(source, target, readonly=bool(entry.get("readonly")))
     shadows.ensure(cwd, is_file=False)
     os.chdir(cwd)
