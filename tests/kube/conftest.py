@@ -1,9 +1,11 @@
 """Fixtures: one private Kubernetes control plane for the whole session (tests.helpers.kube).
 
 The control plane's binary is built by ``make kube-build`` (``make test-kube`` does it first).
-Run directly (``pytest tests/kube``), the suite builds it at collection time, before any test
-and its timeout start, when Go is there; the tests that need the cluster skip, with the reason,
-only where it cannot be built or cannot run (no Go, a failed build, not root, no ``ip``).
+When it is missing or stale and Go is there, the suite builds it: at collection time when these
+tests come first (``pytest tests/kube``), else in the background at the lowest CPU priority
+while the tests before them run (``make test``), awaited before the first of them and its
+timeout start. The tests that need the cluster skip, with the reason, only where it cannot be
+built or cannot run (no Go, a failed build, not root, no ``ip``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,53 +40,103 @@ VOLUMES = 12
 #: Seconds a cold build may take (about 6 minutes on 2 cores).
 BUILD_TIMEOUT = 1800.0
 
-_build_problem: list[str] = []  # why the binary could not be built (set at collection)
 
+class _Build:
+    """``make kube-build`` when the binary is missing or stale: run at once when the cluster's
+    tests come first (``pytest tests/kube``), else in the background at the lowest CPU priority
+    while the tests before them run (a cold build takes about 6 minutes on 2 cores: ``make
+    test`` would otherwise wait for it), awaited before the first test of this folder starts
+    (and before its timeout does)."""
 
-def _build_binary() -> str | None:
-    """Build the control plane's binary with make if it is missing or stale; None when it is
-    usable, else why not."""
-    make = ["make", "--no-print-directory", "-C", str(ROOT)]
-    up_to_date = subprocess.run([*make, "-q", "kube-build"], capture_output=True, check=False)
-    if up_to_date.returncode == 0:
-        return None
-    if shutil.which(os.environ.get("GO", "go")) is None:
-        missing = missing_binary_reason()
-        if missing is None:
-            return None  # stale but present: use it
-        return f"Go is not installed, so the Kubernetes control plane cannot be built ({missing})"
-    try:
-        done = subprocess.run(
-            [*make, "kube-build"],
-            capture_output=True,
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self.decided = False
+        self._running: subprocess.Popen[str] | None = None
+        self._output: Any = None
+
+    def start(self, *, background: bool) -> None:
+        self.decided = True
+        make = ["make", "--no-print-directory", "-C", str(ROOT)]
+        up_to_date = subprocess.run([*make, "-q", "kube-build"], capture_output=True, check=False)
+        if up_to_date.returncode == 0:
+            return
+        if shutil.which(os.environ.get("GO", "go")) is None:
+            missing = missing_binary_reason()
+            if missing is not None:
+                self.problem = (
+                    f"Go is not installed, so the Kubernetes control plane cannot be built "
+                    f"({missing})"
+                )
+            return  # stale but present: use it
+        self._output = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by wait()
+        self._running = subprocess.Popen(
+            ["nice", "-n", "19", *make, "kube-build"] if background else [*make, "kube-build"],
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
             text=True,
-            timeout=BUILD_TIMEOUT,
-            check=False,
         )
-    except subprocess.TimeoutExpired:
-        return f"`make kube-build` ran past {BUILD_TIMEOUT} s"
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-        return f"`make kube-build` failed (exit code {done.returncode}):\n{tail}"
-    return missing_binary_reason()
+        if not background:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for a build in flight; its failure becomes :attr:`problem`."""
+        running, self._running = self._running, None
+        if running is None:
+            return
+        try:
+            code = running.wait(timeout=BUILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            running.kill()
+            running.wait()
+            self.problem = f"`make kube-build` ran past {BUILD_TIMEOUT} s"
+            return
+        self._output.seek(0)
+        tail = "\n".join(self._output.read().strip().splitlines()[-20:])
+        self._output.close()
+        if code != 0:
+            self.problem = f"`make kube-build` failed (exit code {code}):\n{tail}"
+        else:
+            self.problem = missing_binary_reason()
+
+
+_build = _Build()
+
+
+def _here(item: pytest.Item) -> bool:
+    return Path(__file__).parent in Path(item.path).parents
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build the binary before the run when a test of this folder was collected (a cold build
-    takes minutes: longer than a test may)."""
-    here = Path(__file__).parent
-    if _build_problem or not any(here in Path(item.path).parents for item in items):
+    """Start the build when a test of this folder was collected: in the background unless
+    these tests come first."""
+    mine = [item for item in items if _here(item)]
+    if _build.decided or not mine:
         return
+    background = not _here(items[0])
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and missing_binary_reason() is not None:
-        reporter.write_line("tests/kube: building the Kubernetes control plane (make kube-build)")
-    _build_problem.append(_build_binary() or "")
+        how = "in the background, at the lowest CPU priority" if background else "first"
+        reporter.write_line(f"tests/kube: building the Kubernetes control plane ({how})")
+    _build.start(background=background)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A background build is awaited outside the test's timeout (this wrapper runs first)."""
+    _build.wait()
+    yield
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A build that no test waited for (they were deselected) is let finish: the next run
+    then finds the binary."""
+    _build.wait()
 
 
 def cluster_unavailable() -> str | None:
     """Why the cluster cannot run here (for ``pytest.skip``), or None."""
-    if _build_problem and _build_problem[0]:
-        return _build_problem[0]
+    if _build.problem:
+        return _build.problem
     missing = missing_binary_reason()
     if missing is not None:
         return missing
