@@ -202,20 +202,30 @@ class _WatchExpiredError(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
+#: What a pod's ``DisruptionTarget`` condition says, by its reason (the scheduler's before
+#: Kubernetes 1.27 and since; the API server's Eviction subresource, for a drain or the cluster
+#: autoscaler).
+_DISRUPTIONS: Final = {
+    "PreemptionByScheduler": "pod preempted by the scheduler",
+    "PreemptionByKubeScheduler": "pod preempted by the scheduler",
+    "EvictionByEvictionAPI": "pod evicted through the Eviction API (a drain or the cluster "
+    "autoscaler)",
+}
+
+
 def describe_loss(pod: Pod, deleted: bool) -> str:
     """Why a pod was lost, in words (evicted, preempted, failed with an exit code, deleted)."""
     status = pod.get("status") or {}
-    reasons = {
-        c.get("reason")
+    reasons = sorted(
+        str(c.get("reason") or "")
         for c in status.get("conditions") or []
         if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-    }
+    )
     if status.get("reason") == "Evicted":
         return f"pod evicted ({status.get('message') or 'node pressure'})"
-    if "PreemptionByScheduler" in reasons or "PreemptionByKubeScheduler" in reasons:
-        return "pod preempted by the scheduler"
-    if reasons:
-        return f"pod disrupted ({', '.join(sorted(r for r in reasons if r))})"
+    known = [words for reason, words in _DISRUPTIONS.items() if reason in reasons]
+    if known or reasons:
+        return known[0] if known else f"pod disrupted ({', '.join(r for r in reasons if r)})"
     for item in status.get("containerStatuses") or []:
         terminated = (item.get("state") or {}).get("terminated")
         if terminated and status.get("phase") == "Failed":

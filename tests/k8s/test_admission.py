@@ -2,8 +2,9 @@
 k8s/cluster/admission-policy.yaml): a job's launcher may create only its job's worker pods.
 
 Checked against the policy's CEL expressions offline, with cel-python and the binding's
-documented semantics (tests/k8s/admission_review.py) — a real API server is not available here,
-so neither its admission chain nor its type-checking of the expressions has been exercised."""
+documented semantics (tests/k8s/admission_review.py), case by case. The real API server's
+type-checking of the expressions and its admission chain, for some of these cases, are in
+tests/kube/test_cluster.py."""
 
 from __future__ import annotations
 

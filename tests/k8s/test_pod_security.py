@@ -2,7 +2,8 @@
 namespace enforces (Pod Security Admission labels): the launcher's, etcd's, the worker template
 and the worker pods the Kubernetes provisioner creates from it, for every overlay of k8s/ and
 for `elastic-run k8s render` with several flag sets. Checked offline against the standard's
-documented controls (tests/k8s/pod_security.py), not by a real API server's admission."""
+documented controls (tests/k8s/pod_security.py); real Pod Security admission judges the
+overlays' pods and a privileged pod in tests/kube/test_cluster.py."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 Real etcd and real agents (`python -m launcher.agent` locally; `elastic-run join` in the fake
 cluster's pods); only the Kubernetes API is a fake. The job has a configuration but no launcher
 yet, so agents register and wait: enough to see nodes come and go through the store.
+tests/kube/test_provisioner_contract.py runs these same functions against the real API server.
 """
 
 from __future__ import annotations
