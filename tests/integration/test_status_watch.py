@@ -25,7 +25,7 @@ from tests.integration.harness import ELASTIC_RUN, Job, run_cli, slot_of_rank, s
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "hang_at_step.py")
-STEPS = 1500
+STEPS = 900
 
 
 @contextlib.contextmanager
