@@ -147,6 +147,15 @@ class EmbeddedEtcd:
         """The server's process id while it runs."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
+    def _member_flags(self, peer_url: str) -> list[str]:
+        """The flags naming this member and its initial cluster: here, itself alone (a
+        multi-member cluster overrides this; see tests/helpers/etcd_cluster.py)."""
+        return ["--name=default", f"--initial-cluster=default={peer_url}"]
+
+    def _timing_flags(self) -> list[str]:
+        """Raft's heartbeat and election timeout: fast for one loopback member, else etcd's."""
+        return ["--heartbeat-interval=10", "--election-timeout=100"] if self.fast else []
+
     def _command(self) -> list[str]:
         scheme = "https" if self.tls is not None else "http"
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -154,18 +163,16 @@ class EmbeddedEtcd:
         peer_url = f"http://{host}:{self.peer_port}"
         command = [
             self.binary,
-            "--name=default",
             f"--data-dir={self.data_dir / 'data'}",
             f"--listen-client-urls={client_url}",
             f"--advertise-client-urls={client_url}",
             f"--listen-peer-urls={peer_url}",
             f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}",
+            *self._member_flags(peer_url),
             "--log-level=warn",
             "--logger=zap",
+            *self._timing_flags(),
         ]
-        if self.fast:
-            command += ["--heartbeat-interval=10", "--election-timeout=100"]
         if self.tls is not None:
             command += [
                 f"--cert-file={self.tls.cert}",
@@ -192,7 +199,8 @@ class EmbeddedEtcd:
             if self.tls is not None and not self.metrics_port:
                 self.metrics_port = free_port(self.host)
             try:
-                self._spawn_and_wait(timeout)
+                self.spawn()
+                self.wait_healthy(timeout)
                 return self
             except EtcdServerError as exc:
                 if attempt == attempts or not any(h in str(exc) for h in _ADDRESS_IN_USE_HINTS):
@@ -205,7 +213,10 @@ class EmbeddedEtcd:
             return f"http://{Endpoint(self.host, self.metrics_port)}/health"
         return f"http://{self.endpoint}/health"
 
-    def _spawn_and_wait(self, timeout: float) -> None:
+    def spawn(self) -> None:
+        """Start the process without waiting for it to serve (the members of a cluster are
+        all spawned before any can be healthy: a lone member has no quorum); EtcdServerError
+        if one of its ports is taken. :meth:`wait_healthy` waits for it."""
         ports = (self.client_port, self.peer_port, *((self.metrics_port,) if self.tls else ()))
         for port in ports:
             # A server already on the port would answer our health probe in etcd's place.
@@ -216,13 +227,20 @@ class EmbeddedEtcd:
                 )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
-            proc = self._proc = subprocess.Popen(
+            self._proc = subprocess.Popen(
                 self._command(),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
             )
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Wait until the spawned server reports itself healthy (it has a leader); on timeout
+        or an early exit, kill it and raise EtcdServerError with the end of its log."""
+        proc = self._proc
+        if proc is None:
+            raise EtcdServerError(f"etcd on {self.endpoint} is not running: spawn it first")
         deadline = time.monotonic() + timeout
         url = self._health_url()
         while True:

@@ -18,6 +18,11 @@ unary call retries an unreachable etcd with backoff and jitter until that deadli
 keep reconnecting as long; lease keep-alives keep trying until the server says the lease is gone.
 A compare-and-swap whose earlier attempt may have been applied before its reply was lost checks
 whether the key now holds its value, so a retried write is never taken for someone else's.
+
+With several endpoints (a cluster's members), a call asks the member that answered last, then
+the others in turn. That a member failed before another answered counts as a lost reply for a
+compare-and-swap; and a lease keep-alive gives each member at most a third of the TTL, so that
+a stalled member, which accepts connections and answers nothing, cannot hold it past the TTL.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ RETRY_FIRST: Final = 0.05
 RETRY_LONGEST: Final = 2.0
 #: How long a watch keeps reconnecting when the store has no outage timeout.
 DEFAULT_WATCH_GIVE_UP: Final = 60.0
+#: Shortest time a lease keep-alive waits for one member of several before asking the next.
+KEEPALIVE_MIN_TIMEOUT: Final = 0.5
 
 
 @dataclass(frozen=True)
@@ -173,21 +180,31 @@ class _Transport:
             self._request_options["verify"] = security.cacert or True
             if security.cert is not None:
                 self._request_options["cert"] = (security.cert, security.key)
-        self._clients = [
-            Etcd3Client(
-                host=ep.host,
-                port=ep.port,
-                protocol="https" if ep.tls else "http",
-                timeout=request_timeout,
-                api_path=API_PATH,
-            )
-            for ep in self.endpoints
-        ]
         self._preferred = 0
         self._lock = threading.Lock()
+        #: One client per endpoint for each per-request timeout in use (each its own session).
+        self._clients_by_timeout: dict[float, list[Etcd3Client]] = {}
+        self._clients = self._clients_for(request_timeout)
         #: None: not signed in yet; "": etcd's auth is off (nothing to send).
         self._token: str | None = None
         self._token_lock = threading.Lock()
+
+    def _clients_for(self, timeout: float) -> list[Etcd3Client]:
+        """The endpoints' clients whose requests time out after ``timeout`` seconds."""
+        with self._lock:
+            clients = self._clients_by_timeout.get(timeout)
+            if clients is None:
+                clients = self._clients_by_timeout[timeout] = [
+                    Etcd3Client(
+                        host=ep.host,
+                        port=ep.port,
+                        protocol="https" if ep.tls else "http",
+                        timeout=timeout,
+                        api_path=API_PATH,
+                    )
+                    for ep in self.endpoints
+                ]
+            return clients
 
     def describe(self) -> str:
         return "etcd at " + ",".join(str(ep) for ep in self.endpoints)
@@ -230,7 +247,7 @@ class _Transport:
     def _authenticate(self) -> str:
         user = self.security.user
         try:
-            reply = self._call_endpoints(
+            reply, _ = self._call_endpoints(
                 "auth/authenticate", {"name": user, "password": self._password}, None
             )
         except StoreError as exc:
@@ -245,17 +262,31 @@ class _Transport:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def call(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    def call(
+        self, path: str, payload: Mapping[str, Any], *, timeout: float | None = None
+    ) -> dict[str, Any]:
         """POST a JSON request to ``/v3/<path>``, trying each endpoint once (and signing in
-        again once if etcd no longer knows this client's token)."""
+        again once if etcd no longer knows this client's token). ``timeout``: seconds each
+        endpoint gets (default: the request timeout), so that a member that accepts
+        connections but answers nothing (stopped, stalled, cut off) holds the call only that
+        long before the next member is asked."""
+        return self.call_reporting(path, payload, timeout=timeout)[0]
+
+    def call_reporting(
+        self, path: str, payload: Mapping[str, Any], *, timeout: float | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """:meth:`call`, and whether an endpoint failed before one answered: that earlier
+        attempt may have been applied (a member that timed out, or went away after it
+        proposed the request), which a conditional write must take into account."""
+        clients = self._clients if timeout is None else self._clients_for(timeout)
         token = self._current_token()
         try:
-            return self._call_endpoints(path, payload, token)
+            return self._call_endpoints(path, payload, token, clients)
         except _InvalidToken:
             self.renew_token(token)
             token = self._current_token()
             try:
-                return self._call_endpoints(path, payload, token)
+                return self._call_endpoints(path, payload, token, clients)
             except _InvalidToken as exc:
                 raise StoreAuthError(
                     f"{self.describe()} keeps refusing the token of etcd user "
@@ -263,18 +294,23 @@ class _Transport:
                 ) from exc
 
     def _call_endpoints(
-        self, path: str, payload: Mapping[str, Any], token: str | None
-    ) -> dict[str, Any]:
+        self,
+        path: str,
+        payload: Mapping[str, Any],
+        token: str | None,
+        clients: Sequence[Etcd3Client] | None = None,
+    ) -> tuple[dict[str, Any], bool]:
+        clients = self._clients if clients is None else clients
         with self._lock:
             first = self._preferred
         options = dict(self._request_options)
         if token:
             options["headers"] = {"Authorization": token}
         last_error: Exception | None = None
-        for offset in range(len(self._clients)):
-            index = (first + offset) % len(self._clients)
+        for offset in range(len(clients)):
+            index = (first + offset) % len(clients)
             try:
-                reply = self._post(index, path, payload, options)
+                reply = self._post(clients[index], index, path, payload, options)
             except (
                 etcd3gw_exceptions.ConnectionFailedError,
                 etcd3gw_exceptions.ConnectionTimeoutError,
@@ -293,16 +329,21 @@ class _Transport:
                 self._preferred = index
             if not isinstance(reply, dict):
                 raise StoreError(f"{self.describe()} sent a non-object reply to {path}: {reply!r}")
-            return reply
+            return reply, last_error is not None
         raise self.unavailable(_first_line(last_error)) from last_error
 
     def _post(
-        self, index: int, path: str, payload: Mapping[str, Any], options: Mapping[str, Any]
+        self,
+        client: Etcd3Client,
+        index: int,
+        path: str,
+        payload: Mapping[str, Any],
+        options: Mapping[str, Any],
     ) -> object:
-        """One POST to endpoint ``index``. etcd refuses a client certificate (or its absence)
-        either with an alert or by closing the TLS handshake; a handshake closed twice in a row
-        is taken for the refusal, once may be a server that was going away."""
-        client = self._clients[index]
+        """One POST to endpoint ``index`` with its ``client``. etcd refuses a client
+        certificate (or its absence) either with an alert or by closing the TLS handshake; a
+        handshake closed twice in a row is taken for the refusal, once may be a server that
+        was going away."""
         url, data = client.get_url(path), json.dumps(payload)
         try:
             return client.post(url, data=data, **options)
@@ -603,16 +644,17 @@ class EtcdStore(Store):
         """See Store.compare_and_swap; with ``guard``, also only while that key is held under
         that lease (see :meth:`put_guarded`)."""
         request = self._put_request(key, value, lease)
-        reply, retried = self._retrying(
+        (reply, failed_over), retried = self._retrying(
             lambda: self._txn(
                 request["key"], expected_mod_revision, {"request_put": request}, guard
             )
         )
         if reply.get("succeeded"):
             return _int(reply["header"], "revision")
-        if retried:
-            # An attempt whose reply was lost may have been applied: then the key holds exactly
-            # this value (and lease), written after the expected revision.
+        if retried or failed_over:
+            # An attempt whose reply was lost (at this member or at one asked before) may have
+            # been applied: then the key holds exactly this value (and lease), written after
+            # the expected revision.
             current = self.get(key)
             if (
                 current is not None
@@ -628,14 +670,14 @@ class EtcdStore(Store):
         if expected_mod_revision is None:
             reply = self._call("kv/deleterange", {"key": b64_key})
             return _int(reply, "deleted") > 0
-        reply, retried = self._retrying(
+        (reply, failed_over), retried = self._retrying(
             lambda: self._txn(
                 b64_key, expected_mod_revision, {"request_delete_range": {"key": b64_key}}
             )
         )
         if not reply.get("succeeded"):
             # A lost reply of an applied attempt: the key is gone.
-            return retried and self.get(key) is None
+            return (retried or failed_over) and self.get(key) is None
         responses = reply.get("responses", [{}])
         return _int(responses[0].get("response_delete_range", {}), "deleted") > 0
 
@@ -645,7 +687,9 @@ class EtcdStore(Store):
         expected_mod_revision: int | None,
         operation: Mapping[str, Any],
         guard: Guard | None = None,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], bool]:
+        """One transaction: the reply, and whether a member failed before one answered (an
+        attempt that may have been applied; see :meth:`_Transport.call_reporting`)."""
         compare: list[dict[str, str]] = []
         if expected_mod_revision is not None:
             compare.append(
@@ -665,7 +709,7 @@ class EtcdStore(Store):
                     "lease": str(guard.lease),
                 }
             )
-        return self._transport.call(
+        return self._transport.call_reporting(
             "kv/txn", {"compare": compare, "success": [operation], "failure": []}
         )
 
@@ -686,9 +730,10 @@ class EtcdStore(Store):
         operation: Mapping[str, Any],
         guard: Guard | None,
     ) -> dict[str, Any]:
-        return self._retrying(lambda: self._txn(b64_key, expected_mod_revision, operation, guard))[
-            0
-        ]
+        attempt = self._retrying(
+            lambda: self._txn(b64_key, expected_mod_revision, operation, guard)
+        )
+        return attempt[0][0]
 
     # -- leases and watches ------------------------------------------------------------------
 
@@ -793,11 +838,21 @@ class _EtcdLease(Lease):
         interval = max(self.ttl / 3.0, 0.1)
         retry = min(interval, 0.25)
         wait = interval
+        transport = self._store.transport
+        # A member that accepts the connection but answers nothing (stopped, stalled, cut off)
+        # would hold a keep-alive for the whole request timeout, longer than the TTL: each
+        # member gets one interval, so the next one renews the lease in time. The only member
+        # gets the full timeout: nobody else could answer sooner.
+        per_member = (
+            min(transport.request_timeout, max(interval, KEEPALIVE_MIN_TIMEOUT))
+            if len(transport.endpoints) > 1
+            else None
+        )
         failing_since: float | None = None
         while not self._stop.wait(wait):
             asked_at = time.monotonic()
             try:
-                reply = self._store.transport.call("lease/keepalive", {"ID": str(self.id)})
+                reply = transport.call("lease/keepalive", {"ID": str(self.id)}, timeout=per_member)
             except StoreError as exc:
                 # Only the server decides that a lease expired; keep trying until it says so.
                 if failing_since is None:

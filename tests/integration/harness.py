@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_allreduce import logprefix
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import MemberRecord, ProcRecord
-from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
+from elastic_allreduce.store import EtcdStore
 from tests.conftest import ROOT, fresh_job_id
 from tests.helpers import leftovers
 
@@ -33,6 +33,13 @@ SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
 OUTPUT_END_TIMEOUT = 10.0
 #: Seconds :meth:`Job.stop` waits for the killed processes to go.
 STOP_TIMEOUT = 10.0
+
+
+class EtcdEndpoints(Protocol):
+    """What a job needs of its etcd: the ``--etcd`` value (one server, or a whole cluster)."""
+
+    @property
+    def endpoints_text(self) -> str: ...
 
 
 @dataclass
@@ -139,7 +146,7 @@ class Job:
 
 
 def start_job(
-    etcd: EmbeddedEtcd,
+    etcd: EtcdEndpoints,
     *flags: str,
     script: str = HVD_SCRIPT,
     script_args: tuple[str, ...] = (),
@@ -161,14 +168,14 @@ def start_job(
     return watch_process(command, etcd, job_id, env)
 
 
-def join_job(etcd: EmbeddedEtcd, job: Job, *flags: str, env: dict[str, str] | None = None) -> Job:
+def join_job(etcd: EtcdEndpoints, job: Job, *flags: str, env: dict[str, str] | None = None) -> Job:
     """Run `elastic-run join` for ``job`` in the background (its output read like a job's)."""
     command = [ELASTIC_RUN, "join", "--etcd", etcd.endpoints_text, "--job-id", job.job_id, *flags]
     return watch_process(command, etcd, job.job_id, env)
 
 
 def watch_process(
-    command: list[str], etcd: EmbeddedEtcd, job_id: str, env: dict[str, str] | None = None
+    command: list[str], etcd: EtcdEndpoints, job_id: str, env: dict[str, str] | None = None
 ) -> Job:
     proc = subprocess.Popen(
         command,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from etcd3gw import exceptions as etcd3gw_exceptions
 
 from elastic_allreduce.errors import ConfigError, StoreUnavailableError
 from elastic_allreduce.store import EmbeddedEtcd, Endpoint, EtcdStore, EventType, parse_endpoints
@@ -230,17 +231,19 @@ def test_a_retried_compare_and_swap_whose_reply_was_lost_is_ours(
     store.outage_timeout = 5.0
     first = store.put("ring", {"epoch": 1})
     transport = store.transport
-    real_call = transport.call
+    real_call = transport.call_reporting
     lost: list[dict[str, Any]] = []
 
-    def reply_lost_once(path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        reply = real_call(path, payload)
+    def reply_lost_once(
+        path: str, payload: Mapping[str, Any], **options: Any
+    ) -> tuple[dict[str, Any], bool]:
+        reply = real_call(path, payload, **options)
         if path == "kv/txn" and not lost:
-            lost.append(reply)
+            lost.append(reply[0])
             raise transport.unavailable("the reply was lost")
         return reply
 
-    transport.call = reply_lost_once  # type: ignore[method-assign]
+    transport.call_reporting = reply_lost_once  # type: ignore[method-assign]
     revision = store.compare_and_swap("ring", {"epoch": 2}, expected_mod_revision=first)
     assert lost and lost[0]["succeeded"]  # the first attempt was applied
     kv = store.get("ring")
@@ -249,6 +252,52 @@ def test_a_retried_compare_and_swap_whose_reply_was_lost_is_ours(
     store.put("ring", {"epoch": 3})
     lost.clear()
     assert store.compare_and_swap("ring", {"epoch": 4}, expected_mod_revision=first) is None
+
+
+def store_whose_first_member_loses_txn_replies(
+    etcd_server: EmbeddedEtcd, job_id: str, lost: list[str]
+) -> EtcdStore:
+    """A store of two endpoints of one server (a cluster whose members agree at once), whose
+    first member applies every transaction and then times out (its reply never arrives)."""
+    endpoints = f"{etcd_server.endpoints_text},{etcd_server.endpoints_text}"
+    store = EtcdStore(endpoints, job_id)
+    real_post = store.transport._post
+
+    def reply_lost(client: Any, index: int, path: str, *args: Any) -> object:
+        reply = real_post(client, index, path, *args)
+        if path == "kv/txn" and index == 0:
+            lost.append(path)
+            raise etcd3gw_exceptions.ConnectionTimeoutError("read timed out (a test)")
+        return reply
+
+    store.transport._post = reply_lost  # type: ignore[method-assign]
+    return store
+
+
+def test_a_write_applied_by_a_member_that_then_timed_out_is_ours_at_the_next_member(
+    etcd_server: EmbeddedEtcd,
+) -> None:
+    """Failover within one call: the first member applies a transaction, its reply is lost
+    (it timed out, or went away), the next member then finds the comparison failed. That
+    failure is our own write, not someone else's."""
+    job_id = fresh_job_id()
+    lost: list[str] = []
+    store = store_whose_first_member_loses_txn_replies(etcd_server, job_id, lost)
+    try:
+        first = store.put("ring", {"epoch": 1})
+        revision = store.compare_and_swap("ring", {"epoch": 2}, expected_mod_revision=first)
+        kv = store.get("ring")
+        assert lost and kv is not None and kv.value == {"epoch": 2}
+        assert revision == kv.mod_revision, "our own applied write was taken for a conflict"
+    finally:
+        store.close()
+    lost.clear()
+    store = store_whose_first_member_loses_txn_replies(etcd_server, job_id, lost)
+    try:
+        assert store.delete("ring", expected_mod_revision=kv.mod_revision)
+        assert lost and store.get("ring") is None
+    finally:
+        store.close()
 
 
 def test_the_latest_value_writer_never_waits_for_etcd_and_writes_the_last_value(
