@@ -213,8 +213,11 @@ def namespace(kube: Kube, kubelet: KubeletClient, namespaces_made: list[str]) ->
         )
 
 
-def wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``check`` (a few API reads) until it holds; fail after ``timeout`` seconds."""
+def wait(
+    check: Callable[[], Any], timeout: float, what: str, details: Callable[[], str] | None = None
+) -> Any:
+    """Poll ``check`` (a few API reads) until it holds; fail after ``timeout`` seconds (with
+    ``details()``, read then, in the message)."""
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
@@ -223,7 +226,8 @@ def wait(check: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+            more = f"\n{details()}" if details is not None else ""
+            pytest.fail(f"timed out after {timeout} s waiting for {what}{more}")
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.5)
 

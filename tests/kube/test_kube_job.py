@@ -48,6 +48,8 @@ SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 JOB = Kind("batch/v1", "Job", "jobs")
 EVENT = Kind("v1", "Event", "events")
 PRIORITY_CLASS = Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False)
+#: Every pod of the cluster (a cluster-wide list).
+ALL_PODS = Kind("v1", "Pod", "pods", namespaced=False)
 #: Above the workers' (-5), below the launcher's (1000): it may preempt workers only.
 URGENT = "eatest-urgent"
 Obj = dict[str, Any]
@@ -64,6 +66,23 @@ def pod_etcd(kube_cluster: KubeCluster, etcd_server: EmbeddedEtcd) -> Iterator[s
     finally:
         forwarder.stop(10.0)
         kube_cluster.processes.pop(forwarder.name, None)
+
+
+@pytest.fixture
+def room(kube: Kube, namespace: str) -> None:
+    """Wait until no other test's pod holds a node's CPUs (the namespaces of earlier tests are
+    deleted without waiting): the schedule below counts on the nodes' whole capacity."""
+
+    def others() -> list[str]:
+        return [
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            for p in kube.list(ALL_PODS, None, "")
+            if p["metadata"]["namespace"] != namespace
+            and p["spec"].get("nodeName")
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+
+    wait(lambda: not others(), 180, "other tests' pods to leave the nodes", lambda: str(others()))
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +163,12 @@ class JobWatch:
                 return None
             return ring[0]
 
-        epoch: int = wait(formed, timeout, what + "\n" + self.tail())
+        epoch: int = wait(formed, timeout, what, self.tail)
         return epoch
 
     def wait_steps(self, steps: int, timeout: float, what: str) -> None:
         start = self.committed_step()
-        wait(lambda: self.committed_step() >= start + steps, timeout, what + "\n" + self.tail())
+        wait(lambda: self.committed_step() >= start + steps, timeout, what, self.tail)
 
     def tail(self) -> str:
         lines = []
@@ -168,6 +187,7 @@ def test_a_rendered_job_trains_through_a_deletion_a_preemption_and_a_new_launche
     pod_etcd: str,
     etcd_server: EmbeddedEtcd,
     urgent_class: str,
+    room: None,
     tmp_path: Path,
 ) -> None:
     job_id = fresh_job_id("kj")
@@ -238,7 +258,8 @@ def test_a_rendered_job_trains_through_a_deletion_a_preemption_and_a_new_launche
         wait(
             lambda: [n for n in job.running("launcher") if n != launcher],
             120,
-            "the launcher Job's next pod\n" + job.tail(),
+            "the launcher Job's next pod",
+            job.tail,
         )
         (successor,) = [n for n in job.running("launcher") if n != launcher]
         kubelet.wait_for_log(namespace, successor, "taking over job", timeout=120)
@@ -250,7 +271,8 @@ def test_a_rendered_job_trains_through_a_deletion_a_preemption_and_a_new_launche
         wait(
             lambda: job_condition(kube, namespace, f"{job_id}-launcher", "Complete"),
             180,
-            "the launcher Job to complete\n" + job.tail(),
+            "the launcher Job to complete",
+            job.tail,
         )
         status = job.snapshot().status
         assert status is not None and status.record.phase is JobPhase.SUCCEEDED
@@ -264,6 +286,7 @@ def test_deleting_the_launcher_job_garbage_collects_its_worker_pods(  # noqa: PL
     namespace: str,
     pod_etcd: str,
     etcd_server: EmbeddedEtcd,
+    room: None,
     tmp_path: Path,
 ) -> None:
     job_id = fresh_job_id("kg")
@@ -288,7 +311,8 @@ def test_deleting_the_launcher_job_garbage_collects_its_worker_pods(  # noqa: PL
         wait(
             lambda: not job.pods("worker") and not job.pods("launcher"),
             120,
-            "the garbage collector to delete the worker pods\n" + job.tail(),
+            "the garbage collector to delete the worker pods",
+            job.tail,
         )
 
 

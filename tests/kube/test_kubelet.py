@@ -873,6 +873,51 @@ def test_a_missing_secret_keeps_the_pod_waiting_until_it_exists(
     assert kubelet.log(namespace, "patient") == "token abc False\n"  # and no token mounted
 
 
+def test_a_pod_deleted_before_its_container_started_ends_failed(kube: Kube, namespace: str) -> None:
+    """It stays waiting for a Secret; deleted, it is reported Failed before the kubelet
+    finishes the deletion, as a real kubelet does (a Job controller waits for that terminal
+    phase before it lifts its job-tracking finalizer: without it the pod lingers)."""
+    manifest = _holding(
+        pod_manifest(
+            "never",
+            "print('ran')",
+            automountServiceAccountToken=False,
+            container={
+                "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "no", "key": "t"}}}]
+            },
+        )
+    )
+    create(kube, POD, namespace, manifest)
+    try:
+        watch_until(
+            kube,
+            POD,
+            namespace,
+            "never",
+            lambda p: bool(
+                p
+                and p.get("status", {}).get("containerStatuses")
+                and "waiting" in _container(p)["state"]
+            ),
+            timeout=30.0,
+            what="the pod to wait for its Secret",
+        )
+        kube.request("DELETE", POD, namespace, "never")
+        ended = watch_until(
+            kube,
+            POD,
+            namespace,
+            "never",
+            lambda p: bool(p and _phase(p) == "Failed"),
+            timeout=30.0,
+            what="the deleted pod to be reported Failed",
+        )
+        assert ended is not None
+        assert _container(ended)["state"]["terminated"]["reason"] == "ContainerStatusUnknown"
+    finally:
+        _release(kube, namespace, "never")
+
+
 def _holding(manifest: Obj) -> Obj:
     """The pod with a finalizer of the test's, so that it stays (terminated) after the kubelet
     finished its deletion: its last status can be read."""

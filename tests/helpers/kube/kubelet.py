@@ -601,8 +601,18 @@ class PodWorker:
         if launch is None:  # deleted, stopped, or failed for good
             if self.phase == "Failed":
                 self._await_deletion()
-            else:
-                self._finish_deletion()
+                return
+            if self.deleting and not self.stopping and not self.gone:
+                # As a real kubelet: a pod deleted before its container started ends Failed,
+                # so that controllers waiting for a terminal phase (the Job controller's
+                # job-tracking finalizer) let it go.
+                self._finish(
+                    "Failed",
+                    "ContainerStatusUnknown",
+                    "the pod was deleted before its container started",
+                )
+                self._report()
+            self._finish_deletion()
             return
         self._run_container(launch)
 
