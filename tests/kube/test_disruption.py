@@ -130,13 +130,11 @@ def gone(kube: Kube, namespace: str, name: str) -> None:
     )
 
 
-def test_the_budget_refuses_to_evict_the_launcher_and_without_it_the_eviction_happens(
-    kube_cluster: KubeCluster,
-    kube: Kube,
-    kubelet: KubeletClient,
-    namespace: str,
-    priority_classes: None,
-) -> None:
+def launcher_under_budget(
+    kube: Kube, kubelet: KubeletClient, namespace: str
+) -> tuple[str, list[Obj]]:
+    """A job's rendered launcher PDB and a running pod shaped as its launcher, counted by the
+    disruption controller; the job id and the rendered objects."""
     job_id = fresh_job_id("pdb")
     objects = render(job_id, namespace)
     budget = one(objects, "PodDisruptionBudget")
@@ -149,6 +147,17 @@ def test_the_budget_refuses_to_evict_the_launcher_and_without_it_the_eviction_ha
         30.0,
         "the disruption controller to count the launcher in its budget",
     )
+    return job_id, objects
+
+
+def test_the_budget_refuses_to_evict_the_launcher_and_without_it_the_eviction_happens(
+    kube_cluster: KubeCluster,
+    kube: Kube,
+    kubelet: KubeletClient,
+    namespace: str,
+    priority_classes: None,
+) -> None:
+    job_id, _ = launcher_under_budget(kube, kubelet, namespace)
 
     status, answer = evict(kube_cluster, namespace, "launcher")
     assert status == 429, answer
@@ -179,10 +188,7 @@ def test_a_worker_is_evicted_while_the_budget_holds_the_launcher(
     namespace: str,
     priority_classes: None,
 ) -> None:
-    job_id = fresh_job_id("pdb")
-    objects = render(job_id, namespace)
-    kube.request("POST", PDB, namespace, body=one(objects, "PodDisruptionBudget"))
-    start(kube, kubelet, namespace, launcher_pod(objects, "launcher"))
+    job_id, objects = launcher_under_budget(kube, kubelet, namespace)
     worker = start(kube, kubelet, namespace, worker_pod(objects, "worker"))
     assert worker["spec"]["priority"] == -5  # elastic-allreduce-preemptible
     assert worker["metadata"]["labels"]["elastic-allreduce/job"] == job_id

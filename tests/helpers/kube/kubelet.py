@@ -130,6 +130,7 @@ from launcher.k8s.errors import (
 from launcher.k8s.retry import Backoff, retrying
 from tests.helpers import testhosts
 from tests.helpers.kube import pod_spec
+from tests.helpers.kube.cluster import mounts_under
 from tests.helpers.kube.pod_spec import Obj, PodContext, PodSpecError
 
 log = logging.getLogger(__name__)
@@ -1292,7 +1293,7 @@ class Kubelet:
             if json.loads(record.read_text()).get("uid") == worker.uid:
                 record.unlink()
         pod_dir = self.pod_dir(worker)
-        if _mounts_under(pod_dir):
+        if mounts_under(pod_dir):
             log.error("%r: mounts left under %s: its folder stays", worker, pod_dir)
         else:
             shutil.rmtree(pod_dir, ignore_errors=True)
@@ -1479,17 +1480,6 @@ def _server_version(kube: Kube) -> str:
             f"cannot read the API server's version at {kube.host}: {exc}"
         ) from exc
     return str(info.git_version)
-
-
-def _mounts_under(directory: Path) -> list[str]:
-    base = str(directory.resolve())
-    found: list[str] = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].replace("\\040", " ")
-            if point == base or point.startswith(base + "/"):
-                found.append(point)
-    return found
 
 
 # -- what pods refer to ------------------------------------------------------------------------
