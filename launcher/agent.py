@@ -29,7 +29,6 @@ import dataclasses
 import json
 import logging
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -66,7 +65,7 @@ from elastic_allreduce.rendezvous.protocol import (
     standing_url,
 )
 from elastic_allreduce.store import EtcdStore, Lease
-from elastic_allreduce.store.cache import PrefixCache, drain
+from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.exit_codes import EXIT_LEADERLESS, exit_code
 from launcher.probes import ProbeListener, Prober
 
@@ -179,7 +178,7 @@ class Agent:
         self.settings = settings
         self.store = EtcdStore(settings.etcd, settings.job_id)
         #: Process exits, SIGTERM and the store's changes, in arrival order (see PrefixCache).
-        self._events: queue.Queue[object] = queue.Queue()
+        self._events: Inbox = new_inbox()
         self._procs: dict[int, _Process] = {}
         self._desired: dict[int, int] = dict.fromkeys(range(settings.nproc_per_node), 1)
         self._leaving = False
@@ -366,7 +365,7 @@ class Agent:
                 self.settings.node_id,
                 time.monotonic() - waited_since,
             )
-            self._events = queue.Queue()
+            self._events = new_inbox()
             return not self._leaving
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:

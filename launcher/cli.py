@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import parse_job, read_job
 from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse_endpoints
+from elastic_allreduce.store.cache import drain, new_inbox
 from launcher import job_options, netinfo, security_cli, status_view
 from launcher import zoo as zoo_cli
 from launcher.agent import Agent, AgentSettings, NodeTemplate, resolve_command
@@ -292,17 +292,17 @@ def _run_etcd(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
     host = netinfo.check_local_address(args.host) if args.host else "127.0.0.1"
     server = EmbeddedEtcd(args.data_dir, host=host, client_port=args.port, fast=False)
-    stop = threading.Event()
+    signals = new_inbox()  # a threading.Event's lock is not safe to take in a handler
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        signals.put(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     with server:
         print(f"etcd {server.binary} serving on {server.endpoint}; pass --etcd {server.endpoint}")
         sys.stdout.flush()
-        while not stop.wait(0.5):
+        while not drain(signals, timeout=0.5):
             if server.pid is None:
                 print("elastic-run etcd: error: the etcd server exited", file=sys.stderr)
                 return 1

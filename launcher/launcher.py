@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -52,7 +51,7 @@ from elastic_allreduce.records.values import (
 )
 from elastic_allreduce.rendezvous.protocol import Admission, Commit, host_port
 from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
-from elastic_allreduce.store.cache import PrefixCache, drain
+from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.agent import NodeTemplate
 from launcher.observe import tensorboard
 from launcher.observe.observer import JobObserver
@@ -215,7 +214,7 @@ class Launcher:
             settings.etcd, settings.job_id, outage_timeout=settings.job.outage_timeout
         )
         #: Wakes the control loop: store changes (from the cache) and rendezvous arrivals.
-        self._inbox: queue.Queue[object] = queue.Queue()
+        self._inbox: Inbox = new_inbox()
         self.board = ReadinessBoard(on_change=lambda: self._inbox.put("rendezvous"))
         self.progress = ProgressBoard()
         self.rendezvous = RendezvousService(

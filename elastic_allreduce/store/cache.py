@@ -9,6 +9,17 @@ from collections.abc import Mapping
 from elastic_allreduce.errors import StoreError
 from elastic_allreduce.store.api import EventType, KeyValue, Store, Watch, WatchEvent
 
+#: An owner's inbox: store changes, its own threads' events and signal handlers' notes.
+Inbox = queue.SimpleQueue[object]
+
+
+def new_inbox() -> Inbox:
+    """An empty inbox. A SimpleQueue because its ``put`` is reentrant: a signal handler runs
+    in the owner's thread, possibly while that thread is inside ``get``, where queue.Queue
+    holds a lock the handler's ``put`` would wait for forever (a SIGTERM that hangs an agent).
+    """
+    return queue.SimpleQueue()
+
 
 class PrefixCache:
     """Keeps ``{relative key: KeyValue}`` for a prefix current from the store's watch.
@@ -22,7 +33,7 @@ class PrefixCache:
     def __init__(
         self,
         store: Store,
-        inbox: queue.Queue[object],
+        inbox: Inbox,
         prefix: str = "",
         *,
         give_up_after: float | None = None,
@@ -84,7 +95,7 @@ class PrefixCache:
         self._thread.join(timeout=5.0)
 
 
-def drain(inbox: queue.Queue[object], timeout: float) -> list[object]:
+def drain(inbox: Inbox, timeout: float) -> list[object]:
     """Everything in ``inbox``: wait up to ``timeout`` for the first item, then take the rest."""
     try:
         items = [inbox.get(timeout=timeout)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,7 +17,7 @@ from elastic_allreduce.records.snapshot import parse_job
 from elastic_allreduce.records.values import JobConfig, JobSettings, MemberRecord
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, KeyValue
 from elastic_allreduce.store.api import WatchEvent
-from elastic_allreduce.store.cache import PrefixCache, drain
+from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from tests.conftest import fresh_job_id
 from tests.helpers.fake_kube import FakeKube
 
@@ -88,7 +87,7 @@ class StoreView:
 
     def __init__(self, store: EtcdStore) -> None:
         self.store = store
-        self._inbox: queue.Queue[object] = queue.Queue()
+        self._inbox: Inbox = new_inbox()
         self._cache = PrefixCache(store, self._inbox)
         #: Every change seen, in order: (key, value or None for a deletion).
         self.history: list[tuple[str, Any]] = []

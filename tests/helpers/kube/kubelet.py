@@ -120,6 +120,7 @@ from typing import Any, Final
 import kubernetes
 import urllib3
 
+from elastic_allreduce.store.cache import new_inbox
 from launcher.k8s.client import Kind, Kube, Watch, connect
 from launcher.k8s.errors import (
     KubernetesApiError,
@@ -1805,9 +1806,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     kubelet = Kubelet(state, settings, kube)
 
-    def stop(signum: int, frame: object) -> None:
-        log.info("signal %d: stopping every pod and deleting the nodes", signum)
+    # A handler runs in the main thread, maybe while it holds kubelet.stop's lock: it only puts
+    # into a SimpleQueue (reentrant), and a thread sets the event.
+    signals = new_inbox()
+
+    def forward_signal() -> None:
+        signum = signals.get()
+        log.info("signal %s: stopping every pod and deleting the nodes", signum)
         kubelet.stop.set()
+
+    def stop(signum: int, frame: object) -> None:
+        signals.put(signum)
+
+    threading.Thread(target=forward_signal, name="signals", daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
