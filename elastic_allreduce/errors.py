@@ -88,3 +88,10 @@ class StateMismatchError(ElasticAllreduceError):
     """The ranks of a ring epoch hold training states of different shapes (other variables,
     shapes, dtypes or extra attributes), so the state cannot be synced: raised on every rank at
     once, instead of the silent deadlock a mismatched broadcast would be."""
+
+
+class StateValueError(StateMismatchError, ConfigError):
+    """A training state's extra attribute is not plain data (JSON: None, bool, int, float, str,
+    lists and str-keyed dicts of these), so the ranks could not exchange it without pickling.
+    Raised when the State is made and, on every rank at once, at a commit or sync; a
+    StateMismatchError too, so the job fails at once instead of restarting into it again."""

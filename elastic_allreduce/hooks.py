@@ -13,6 +13,14 @@
    raises StateMismatchError on every rank. ``elastic_allreduce.State`` does the same in its
    own ``sync``. The sync is marked as a phase of :mod:`elastic_allreduce.progress` (not a
    hang) and each ``commit`` counts as progress for the launcher's hang watchdog.
+
+   Nothing is pickled between ranks, as in ``elastic_allreduce.State``: the sync sends the extra
+   attributes as JSON bytes (:func:`elastic_allreduce.sync.broadcast_attributes`, from rank 0
+   as Horovod does) instead of ``broadcast_object``, and ``commit`` / ``check_host_updates``
+   agree on host updates with one Max allreduce of integers
+   (:func:`elastic_allreduce.sync.check_host_updates`) instead of a pickled broadcast. So the
+   script's state attributes must be plain data (JSON values; NumPy scalars are converted):
+   anything else raises StateValueError on every rank at the first sync or commit.
 2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
    ``hvd.elastic.run`` calls after each reset; it binds it when the script decorates its
    training function): a process whose slot the launcher has already left out of the next ring
@@ -51,13 +59,12 @@ import horovod.tensorflow.elastic as hvd_elastic
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 from horovod.common.basics import HorovodBasics
 
-from elastic_allreduce import elastic_run, gpu, progress, runtime
+from elastic_allreduce import elastic_run, gpu, progress, runtime, sync
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.values import NOT_ADMITTED_EXIT_CODE, MemberRecord, Ring
 from elastic_allreduce.store import EventType, Store
-from elastic_allreduce.sync import agree
 
 if TYPE_CHECKING:
     from elastic_allreduce.bootstrap import GlooSockets
@@ -82,28 +89,39 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     state_class: Any = hvd_elastic.TensorFlowKerasState
     if getattr(state_class.sync, _PATCHED, False):
         return
-    horovod_sync = state_class.sync
-
-    horovod_commit = state_class.commit
-
-    def sync(self: Any) -> None:  # noqa: ANN401
-        """Agree on the state's shape with every rank, then Horovod's sync (from rank 0)."""
-        with progress.phase("sync"):
-            agree(self.model, self.optimizer, self._saved_state)
-            horovod_sync(self)
-
-    def commit(self: Any) -> None:  # noqa: ANN401
-        """Horovod's commit, counted as progress for the hang watchdog."""
-        batch = getattr(self, "batch", None)
-        progress.report_commit(batch if isinstance(batch, int) else None)
-        horovod_commit(self)
-
-    setattr(sync, _PATCHED, True)
-    state_class.sync = sync
-    state_class.commit = commit
+    setattr(_sync, _PATCHED, True)
+    state_class.sync = _sync
+    state_class.commit = _commit
+    state_class.check_host_updates = _check_host_updates
     hvd_elastic.run = elastic_run.run
     hvd_keras_elastic.run = elastic_run.run
     hvd_elastic._reset = QuietReset(store)
+
+
+def _sync(self: Any) -> None:  # noqa: ANN401
+    """Horovod's TensorFlowKerasState.sync (from rank 0), after the ranks agreed on the state's
+    shape, with the extra attributes sent as JSON bytes instead of a pickle."""
+    with progress.phase("sync"):
+        sync.agree(self.model, self.optimizer, self._saved_state)
+        self._bcast_model()
+        self._save_model()
+        if self._saved_state:
+            self._saved_state = sync.broadcast_attributes(self._saved_state, 0)
+            self._set_attrs()
+
+
+def _commit(self: Any) -> None:  # noqa: ANN401
+    """Horovod's commit (save, then the host-update check), counted as progress for the hang
+    watchdog; attributes that are not plain data raise StateValueError on every rank."""
+    batch = getattr(self, "batch", None)
+    progress.report_commit(batch if isinstance(batch, int) else None)
+    self.save()
+    sync.check_host_updates(self, sync.plain_commit(self))
+
+
+def _check_host_updates(self: Any) -> None:  # noqa: ANN401
+    """Horovod's check, agreed by a Max allreduce of integers (no pickle)."""
+    sync.check_host_updates(self)
 
 
 def _record_gloo_sockets(gloo: GlooSockets) -> None:

@@ -11,26 +11,39 @@ allgathered once as JSON bytes, and every rank reaches the same verdict:
   ranks describe their state once more;
 * any other difference raises :class:`~elastic_allreduce.errors.StateMismatchError` on every
   rank at once, with the same message naming the first rank that differs and the variable.
+
+The other collectives of a state move plain data, never pickles (:mod:`elastic_allreduce.plain`):
+:func:`broadcast_attributes` sends the extra attributes at a sync as JSON bytes (the length,
+then the bytes), and :func:`check_host_updates` is Horovod's commit-time host-update check with
+one Max allreduce of five integers instead of a pickled broadcast.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from elastic_allreduce import agreement, runtime
+from elastic_allreduce import agreement, plain, runtime
 from elastic_allreduce.agreement import StateDescription, VariableSpec
-from elastic_allreduce.errors import StateMismatchError
+from elastic_allreduce.codec import JsonValue
+from elastic_allreduce.errors import ProtocolError, StateMismatchError, StateValueError
 
 log = logging.getLogger(__name__)
 
 #: The name of the agreement's allgather (Horovod matches collectives by name).
 COLLECTIVE_NAME: Final = "ElasticAllreduceStateAgreement"
+#: The names of the attribute broadcast's two parts: the length, then the bytes.
+ATTRIBUTES_LENGTH_NAME: Final = "ElasticAllreduceStateAttributes.length"
+ATTRIBUTES_NAME: Final = "ElasticAllreduceStateAttributes.bytes"
+#: The name of the commit-time host-update vote.
+HOST_UPDATES_NAME: Final = "ElasticAllreduceHostUpdates"
 
 
 def agree(
@@ -126,3 +139,104 @@ def _gather(description: StateDescription) -> list[StateDescription]:
     payload = np.frombuffer(description.encode(), dtype=np.uint8)
     gathered = hvd.allgather(tf.constant(payload), name=COLLECTIVE_NAME)
     return agreement.decode_all(gathered.numpy().tobytes(), hvd.size())
+
+
+# -- plain data instead of pickles -------------------------------------------------------------
+
+
+def broadcast_attributes(attributes: Mapping[str, object], root: int) -> dict[str, JsonValue]:
+    """The root's extra attributes, on every rank, as JSON bytes: the length (-1: the root's
+    attributes are not plain data), then the bytes; every rank (the root too) parses the same
+    bytes. StateValueError or ProtocolError on every rank when they cannot be sent or read."""
+    refusal: StateValueError | None = None
+    payload = b""
+    if hvd.rank() == root:
+        try:
+            payload = plain.encode_attributes(attributes)
+        except StateValueError as exc:
+            refusal = exc
+    if hvd.size() == 1:
+        if refusal is not None:
+            raise refusal
+        return plain.decode_attributes(payload, sender="this rank", expected=attributes.keys())
+    length = -1 if refusal is not None else len(payload)
+    announced = hvd.broadcast(
+        tf.constant([length], dtype=tf.int64), root_rank=root, name=ATTRIBUTES_LENGTH_NAME
+    )
+    length = int(announced.numpy()[0])
+    if length < 0:
+        if refusal is not None:
+            raise refusal
+        raise StateValueError(
+            f"cannot sync the training state: rank {root}, the rank it is synced from, holds a "
+            "State attribute that is not plain data (its own error names it)"
+        )
+    if length > plain.MAX_BYTES:
+        raise ProtocolError(
+            f"rank {root} announced {length} bytes of state attributes, more than {plain.MAX_BYTES}"
+        )
+    if hvd.rank() == root:
+        buffer = np.frombuffer(payload, dtype=np.uint8)
+    else:
+        buffer = np.zeros(length, dtype=np.uint8)
+    received = hvd.broadcast(tf.constant(buffer), root_rank=root, name=ATTRIBUTES_NAME)
+    return plain.decode_attributes(
+        received.numpy().tobytes(), sender=f"rank {root}", expected=attributes.keys()
+    )
+
+
+def plain_commit(state: Any) -> StateValueError | None:  # noqa: ANN401 - a Horovod state
+    """Make the committed attributes (``state._saved_state``, just saved) a plain copy, NumPy
+    scalars converted; the error, not raised, when one is not plain data: the host-update vote
+    that follows raises it on every rank at once."""
+    try:
+        state._saved_state = plain.plain_attributes(state._saved_state)
+    except StateValueError as exc:
+        return exc
+    return None
+
+
+def check_host_updates(
+    state: Any,  # noqa: ANN401 - a Horovod state
+    refusal: StateValueError | None = None,
+) -> None:
+    """Horovod's ``State.check_host_updates`` with one Max allreduce of five integers instead
+    of rank 0's pickled broadcast: raise HostsUpdatedInterrupt, on every rank at the same commit,
+    when any rank has a notification newer than any rank had seen (``skip_sync`` when all new
+    ones announced removals only). With ``refusal`` (this rank's committed attributes are not
+    plain data) every rank raises StateValueError instead."""
+    rank, size = hvd.rank(), hvd.size()
+    vote = plain.HostUpdateVote.drain(
+        int(state._last_updated_timestamp),
+        _drain(state._host_messages),
+        refused=size - rank if refusal is not None else 0,
+    )
+    if size == 1:
+        reduced = vote.vector()
+    else:
+        combined = hvd.allreduce(
+            tf.constant(vote.vector(), dtype=tf.int64), op=hvd.Max, name=HOST_UPDATES_NAME
+        )
+        reduced = [int(v) for v in combined.numpy()]
+    verdict = plain.decide(reduced, size)
+    if verdict.refused_rank is not None:
+        if refusal is not None:
+            raise refusal
+        raise StateValueError(
+            f"cannot commit the training state: rank {verdict.refused_rank} holds a State "
+            "attribute that is not plain data (its own error names it)"
+        )
+    state._last_updated_timestamp = verdict.timestamp
+    if verdict.interrupt:
+        raise HostsUpdatedInterrupt(verdict.skip_sync)
+
+
+def _drain(messages: queue.Queue[tuple[Any, Any]]) -> list[tuple[int, int]]:
+    """The notifications queued since the last check (Horovod's listener puts them), in order."""
+    drained: list[tuple[int, int]] = []
+    while True:
+        try:
+            timestamp, update = messages.get_nowait()
+        except queue.Empty:
+            return drained
+        drained.append((int(timestamp), int(update)))

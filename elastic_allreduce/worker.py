@@ -1,13 +1,17 @@
 """What a training script uses: Horovod's elastic API, with commits that do more.
 
 :class:`State` is Horovod's ``TensorFlowKerasState`` (commit / restore / sync of a Keras model,
-its optimizer and any extra attributes) with three additions:
+its optimizer and any extra attributes) with four additions:
 
 * ``sync()`` broadcasts from the rank whose commit is the newest (the lowest such rank), not
   blindly from rank 0 -- so a rank that committed one step more than a peer that failed earlier
   is never rolled back to the older state, and a worker that loaded an older checkpoint never
   overwrites the survivors; and before it broadcasts anything the ranks agree on the state's
   shape (:mod:`elastic_allreduce.sync`), so a mismatch fails on every rank instead of hanging;
+* nothing is pickled between ranks: the extra attributes must be plain data (JSON values,
+  NumPy scalars converted; anything else is refused with StateValueError naming it) and are
+  synced as JSON bytes, and the host-update check at each commit is one small Max allreduce
+  instead of Horovod's pickled broadcast (:mod:`elastic_allreduce.plain`);
 * rank 0 reports each commit to the store (``status/progress``: what ``elastic-run status``
   shows);
 * with a checkpoint directory (``--checkpoint-dir``), rank 0 writes every ``checkpoint_every``-th
@@ -40,7 +44,7 @@ import numpy.typing as npt
 import tensorflow as tf
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.tensorflow.elastic import TensorFlowKerasState
-from horovod.tensorflow.functions import broadcast_object, broadcast_variables
+from horovod.tensorflow.functions import broadcast_variables
 from horovod.tensorflow.keras.elastic import (
     CommitStateCallback,
     UpdateBatchStateCallback,
@@ -48,7 +52,7 @@ from horovod.tensorflow.keras.elastic import (
 )
 from typing_extensions import Unpack
 
-from elastic_allreduce import elastic_run, env, progress, runtime, sync, tensorboard
+from elastic_allreduce import elastic_run, env, plain, progress, runtime, sync, tensorboard
 from elastic_allreduce.audit import SampleLog
 from elastic_allreduce.checkpoint import CheckpointDir, fingerprint
 from elastic_allreduce.data import (
@@ -61,7 +65,7 @@ from elastic_allreduce.data import (
     TFRecordSource,
     global_batch_for,
 )
-from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.errors import ConfigError, StateValueError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, Progress
 from elastic_allreduce.store.latest import LatestValueWriter
@@ -335,7 +339,9 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     """Elastic training state of a Keras model and optimizer (see the module docstring).
 
     Extra keyword arguments become attributes that are committed, restored and synced with the
-    model (for example ``step=0, epoch=0``); checkpoints need them to be JSON values.
+    model (for example ``step=0, epoch=0``). They must be plain data -- None, bool, int, float,
+    str, lists of these and dicts with str keys; NumPy scalars are converted -- since the ranks
+    exchange them as JSON: anything else raises StateValueError here or at the commit.
     ``checkpoint_dir`` (default: ``--checkpoint-dir``), ``checkpoint_every`` (in commits) and
     ``keep_checkpoints`` (default: ``--keep-checkpoints``, else 2) set the checkpoints; they go
     to ``<checkpoint_dir>/<job-id>/`` (``default`` for a script run outside elastic-run).
@@ -370,7 +376,10 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         )
         self._checkpoint_every = checkpoint_every
         self._reporter: LatestValueWriter | None = None
-        super().__init__(model, optimizer, commit_id=0, **kwargs)
+        attributes = plain.plain_attributes(kwargs)
+        super().__init__(model, optimizer, commit_id=0, **attributes)
+        # Horovod's way to send objects between ranks (cloudpickle); this class never uses it.
+        self._bcast_object = _no_pickles
         #: The newest commit on disk (0: none).
         self._checkpointed = 0
         if self._checkpoints is not None:
@@ -398,25 +407,34 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     # -- commit / sync -----------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Save the state in memory (and maybe to disk); raise if membership changed."""
+        """Save the state in memory (and maybe to disk); raise if membership changed, and
+        StateValueError (on every rank) if an attribute is not plain data."""
         self.commit_id += 1
         self.save()
-        step = getattr(self, "step", None)
-        progress.report_commit(step if isinstance(step, int) else None, self.commit_id)
-        if hvd.rank() == 0:
-            self._report()
-            if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
-                with progress.phase("checkpoint"):
-                    self._write_checkpoint(self._checkpoints)
-        if self._summaries is not None:
-            self._summaries.on_commit(self._current_step())
+        refusal = sync.plain_commit(self)
+        if refusal is None:
+            step = getattr(self, "step", None)
+            progress.report_commit(step if isinstance(step, int) else None, self.commit_id)
+            if hvd.rank() == 0:
+                self._report()
+                if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
+                    with progress.phase("checkpoint"):
+                        self._write_checkpoint(self._checkpoints)
+            if self._summaries is not None:
+                self._summaries.on_commit(self._current_step())
         try:
-            self.check_host_updates()
+            sync.check_host_updates(self, refusal)
         except HostsUpdatedInterrupt:
             if self._summaries is not None:
                 # Before a leaving rank 0 exits and the next one writes a file of its own.
                 self._summaries.flush()
             raise
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank at once if hosts were added or removed
+        (Horovod's check, agreed by a Max allreduce of integers: :func:`sync.check_host_updates`).
+        """
+        sync.check_host_updates(self)
 
     def restore(self) -> None:
         """Go back to the last commit (after a failure); the steps lost are reported."""
@@ -456,6 +474,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
 
         The ranks first agree on the state's shape (:func:`elastic_allreduce.sync.agree`): a
         mismatch raises StateMismatchError on every rank instead of deadlocking the broadcasts.
+        The variables are broadcast as tensors, the extra attributes as JSON bytes
+        (:func:`elastic_allreduce.sync.broadcast_attributes`).
         """
         with progress.phase("sync"):
             commit_id = int(self._saved_state.get("commit_id", 0))
@@ -463,7 +483,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             broadcast_variables(self.model.variables, root_rank=root)
             broadcast_variables(self.optimizer.variables(), root_rank=root)
             self._save_model()
-            self._saved_state = broadcast_object(self._saved_state, root_rank=root)
+            self._saved_state = sync.broadcast_attributes(self._saved_state, root)
             self._set_attrs()
         step = getattr(self, "step", None)
         progress.report_sync(
@@ -559,6 +579,15 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             loaded.checkpoint.path,
             loaded.attributes.get("commit_id"),
         )
+
+
+def _no_pickles(obj: object, root_rank: int = 0) -> object:
+    """Stands in for Horovod's ``broadcast_object`` in :class:`State`, which sends plain data
+    only: a Horovod code path that would pickle fails here instead."""
+    raise StateValueError(
+        f"elastic_allreduce.State does not send Python objects between ranks (a "
+        f"{type(obj).__name__} was about to be pickled); its attributes go as JSON"
+    )
 
 
 def _keep_checkpoints(given: int | None) -> int:

@@ -47,7 +47,7 @@ from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, ProtocolError, StoreError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import slot_id
-from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
+from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, Stored, parse_job
 from elastic_allreduce.records.values import (
     DEFAULT_KEEP_CHECKPOINTS,
     Directive,
@@ -57,6 +57,7 @@ from elastic_allreduce.records.values import (
     MemberRecord,
     ProcRecord,
     Ring,
+    from_leader,
 )
 from elastic_allreduce.rendezvous.protocol import (
     NodeStanding,
@@ -198,6 +199,10 @@ class Agent:
         self._standing: NodeStanding | None = None
         self._next_outage_note = 0.0
         self._leaderless_since: float | None = None
+        #: The lease of the leader key as last seen: only that launcher's status and
+        #: directives are obeyed (records.values.from_leader).
+        self._leader_lease: int | None = None
+        self._ignored: dict[str, int] = {}
         self._leaderless_grace = env.seconds(
             env.LEADERLESS_GRACE,
             LEADERLESS_GRACE,
@@ -345,14 +350,18 @@ class Agent:
         while True:
             try:
                 status = self.store.get(keys.JOB_STATUS)
+                leader = self.store.get(keys.LEADER)
             except StoreError as exc:
                 if any(item == _LEAVE for item in drain(self._events, timeout=1.0)):
                     return False
                 log.debug("etcd still unreachable: %s", exc)
                 continue
+            if leader is not None:
+                self._leader_lease = leader.lease
             if status is not None and status.malformed is None:
                 with contextlib.suppress(ElasticAllreduceError):
-                    if JobStatus.from_json(status.key, status.value).phase.final:
+                    record = JobStatus.from_json(status.key, status.value)
+                    if record.phase.final and from_leader(record.leader, self._leader_lease):
                         log.info(
                             "[%s node %s] the job ended while this node was cut off",
                             self.settings.job_id,
@@ -410,10 +419,10 @@ class Agent:
                 if job.ring is not None:
                     self._ring = job.ring.record
                 rendezvous = self._follow_leader(job, rendezvous)
-                if job.status is not None and job.status.record.phase.final:
+                if self._ended(job.status):
                     return 0
                 directive = job.directives.get(node)
-                if directive is not None:
+                if directive is not None and self._obeyed(directive):
                     self._apply(directive.record, rendezvous)
             if self._orphaned():
                 return EXIT_LEADERLESS
@@ -565,6 +574,8 @@ class Agent:
     def _job(self, cache: PrefixCache) -> JobSnapshot:
         """The job as the cache has it now; junk keys are logged once and skipped."""
         job = parse_job(cache.items().values(), cache.revision)
+        if job.leader is not None:
+            self._leader_lease = job.leader.lease
         for skipped in self._skips.new(job):
             log.warning(
                 "[%s node %s] ignoring key %r: %s",
@@ -574,6 +585,28 @@ class Agent:
                 skipped.reason,
             )
         return job
+
+    def _ended(self, status: Stored[JobStatus] | None) -> bool:
+        """Whether the job's leader says that the job has ended."""
+        return status is not None and status.record.phase.final and self._obeyed(status)
+
+    def _obeyed(self, stored: Stored[JobStatus] | Stored[Directive]) -> bool:
+        """Whether a status or directive comes from the job's leader; another writer's is
+        ignored (and said once per version of the key)."""
+        if from_leader(stored.record.leader, self._leader_lease):
+            return True
+        if self._ignored.get(stored.key) != stored.mod_revision:
+            self._ignored[stored.key] = stored.mod_revision
+            log.warning(
+                "[%s node %s] ignoring %s: not written by the job's leader (its stamp %s, the "
+                "leader's lease %s)",
+                self.settings.job_id,
+                self.settings.node_id,
+                stored.key,
+                stored.record.leader,
+                self._leader_lease,
+            )
+        return False
 
     def _handle(self, cache: PrefixCache, items: list[object]) -> bool:
         """Apply store changes, process exits and SIGTERM; return whether anything happened."""

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 import textwrap
@@ -56,17 +57,20 @@ restarted, up to --max-restarts); the others roll back to their last commit and 
 Exit codes: 0 success; 1 the job failed; 2 bad input (a flag, a file, an unknown job, a
 certificate or credential etcd refuses: the message says what to change); 3 an operational
 error (etcd or the Kubernetes API unreachable or failing a request: try again, or check it);
-4 (`join`) the node left a job that had no launcher for 60 s; 5 (`run --kubernetes`) SIGTERM
-handed the job over to the next launcher (the launcher Job's next pod adopts it).
+4 (`join`) the node left a job that had no launcher for 60 s; 5 the job goes on under another
+launcher (`run --kubernetes`: SIGTERM handed it over, the launcher Job's next pod adopts it;
+`run --standby`: stopped while it stood by).
 """
 
 _RUN_DESCRIPTION = """\
 Run an elastic training job on this machine: a launcher and --workers local worker nodes,
 each running --nproc-per-node copies of COMMAND (a Python script using Horovod's elastic API or
-elastic_allreduce). Without --etcd a private etcd is started and removed afterwards. The exit
+elastic_allreduce). Without --etcd a private etcd is started and removed afterwards, and the
+nodes stop with the launcher; with --etcd they outlive it (a SIGKILLed launcher leaves them
+training), and the same command run again adopts the job and its nodes. The exit
 code is the job's: 0 when training finished on every rank, 1 when it failed, 2 for bad input
 (etcd refusing a certificate or credential included), 3 when etcd (or the Kubernetes API)
-could not be reached or failed a request.
+could not be reached or failed a request, 5 when a --standby was stopped while it stood by.
 """
 
 
@@ -173,6 +177,14 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"network interface for Gloo (default: ${env.GLOO_IFACE}, else the interface that "
         "holds --host)",
+    )
+    join.add_argument(
+        "command_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND [ARGS...]",
+        help="the training command this node runs (default: the one the job's launcher stored "
+        "in etcd; given here, nobody who can write the job's keys can change what this node "
+        "runs, as in the Kubernetes worker pods)",
     )
 
     scale = commands.add_parser(
@@ -380,7 +392,7 @@ def _run_join(args: argparse.Namespace) -> int:
             job_id=args.job_id,
             node_id=node_id,
             nproc_per_node=nproc,
-            command=config.command,
+            command=_join_command(args, config.command),
             checkpoint_dir=config.checkpoint_dir,
             keep_checkpoints=config.keep_checkpoints,
             workdir=config.workdir,
@@ -396,6 +408,21 @@ def _run_join(args: argparse.Namespace) -> int:
         flush=True,
     )
     return agent.run()
+
+
+def _join_command(args: argparse.Namespace, stored: tuple[str, ...]) -> tuple[str, ...]:
+    """The command a joining node runs: its own when given (then the stored one is only
+    compared with it), else the job's from etcd."""
+    given = job_options.training_command(args)
+    if not given:
+        return stored
+    if given != stored:
+        log.warning(
+            "this node runs the command it was given, %s; the job's config/job says %s",
+            shlex.join(given),
+            shlex.join(stored),
+        )
+    return given
 
 
 def _launcher_host(given: str | None) -> str:
@@ -609,14 +636,17 @@ def _run_job(args: argparse.Namespace) -> int:
             result = run_in_kubernetes(launch, kube_mode, observer)
         else:
             launch = LaunchSettings(options.workers, settings, template, host)
-            result = Launcher(
-                launch, LocalProvisioner(template), observer=observer, standby=standby
-            ).run()
+            # Nodes outlive a launcher whose etcd does (the next launcher adopts them).
+            provisioner = LocalProvisioner(template, outlive_launcher=args.etcd is not None)
+            result = Launcher(launch, provisioner, observer=observer, standby=standby).run()
     return _report(job_id, result)
 
 
 def _report(job_id: str, result: JobResult) -> int:
     """Say how the job ended (or that it was handed over); the command's exit code."""
+    if result.standing_by:
+        print(f"elastic-run: stood by for job {job_id}: {result.reason}", flush=True)
+        return EXIT_HANDED_OVER
     if result.handed_over:
         print(f"elastic-run: handed job {job_id} over: {result.reason}", flush=True)
         return EXIT_HANDED_OVER

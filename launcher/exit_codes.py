@@ -16,7 +16,8 @@ EXIT_BAD_INPUT: Final = 2
 EXIT_OPERATIONAL: Final = 3
 #: `join`: the node left a job that had no launcher for the leaderless grace.
 EXIT_LEADERLESS: Final = 4
-#: `run --kubernetes`: SIGTERM (a drain, an eviction) handed the job over to the next launcher.
+#: The job goes on under another launcher: SIGTERM to `run --kubernetes` (a drain, an
+#: eviction) handed it over, or `run --standby` was stopped while it stood by.
 EXIT_HANDED_OVER: Final = 5
 
 

@@ -172,6 +172,8 @@ class JobResult:
     reason: str
     #: The job goes on: this launcher handed it over to the next one (SIGTERM on Kubernetes).
     handed_over: bool = False
+    #: ... or it never led the job: a standby stopped while it waited (SIGINT or SIGTERM).
+    standing_by: bool = False
 
 
 #: Receives every membership change (joins, leaves, crashes, re-formed epochs) as it happens;
@@ -241,7 +243,7 @@ class Launcher:
         """
         lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
         try:
-            ended = self._become_leader(lease)
+            ended = self._lead_or_stand_by(lease)
             if ended is not None:
                 return ended
             adopted = self._write_config()
@@ -275,6 +277,22 @@ class Launcher:
                     self._lease.revoke()
             self.store.close()
 
+    def _lead_or_stand_by(self, lease: Lease) -> JobResult | None:
+        """:meth:`_become_leader`; a standby stopped while it waits (SIGINT, SIGTERM) leaves
+        the job to its leader: nothing is recorded and no node is stopped."""
+        try:
+            return self._become_leader(lease)
+        except KeyboardInterrupt:
+            self._handed_over = True
+            if not self.standby:
+                return JobResult(False, "interrupted before this launcher led the job")
+            reason = (
+                "SIGTERM before this launcher led the job: the next one takes it over"
+                if self.hand_over_on_interrupt
+                else "stopped while standing by; the job goes on under its leader"
+            )
+            return JobResult(False, reason, handed_over=True, standing_by=True)
+
     def _hand_over(self) -> JobResult:
         """Leave the job to the next launcher: nodes keep running, nothing is recorded as
         failed, and the lease is revoked on the way out so that the successor need not wait
@@ -295,7 +313,9 @@ class Launcher:
         dashboard = self._serve_dashboard()
         self._leader_record = LeaderRecord(rendezvous, dashboard)
         self.store.put(keys.LEADER, self._leader_record.to_json(), lease=lease)
-        self._write(keys.JOB_STATUS, JobStatus(JobPhase.RUNNING).to_json())
+        self._write(
+            keys.JOB_STATUS, lambda: JobStatus(JobPhase.RUNNING, None, self._stamp()).to_json()
+        )
         policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
         self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
         if adopted:
@@ -315,6 +335,7 @@ class Launcher:
         directives. Workers learn the new rendezvous address from the leader record."""
         job = parse_job(self.store.get_prefix().items, 0)
         self._report_skipped(job)
+        self.provisioner.adopt({node: stored.record for node, stored in job.members.items()})
         ring = None
         if job.ring is not None:
             ring = job.ring.record
@@ -325,6 +346,7 @@ class Launcher:
         }
         for decision in policy.adopt(ring, self._view(job), directives):
             self._execute(decision)
+        self._restamp_directives()
 
     def _serve_dashboard(self) -> str | None:
         """Start the dashboard, /metrics and /api on --metrics-port; its address, if served."""
@@ -340,7 +362,9 @@ class Launcher:
         """Record that the job failed (best effort: etcd may be the reason; never over a
         successor's record) and say so."""
         try:
-            self._write(keys.JOB_STATUS, JobStatus(JobPhase.FAILED, reason).to_json())
+            self._write(
+                keys.JOB_STATUS, lambda: JobStatus(JobPhase.FAILED, reason, self._stamp()).to_json()
+            )
         except LeadershipLostError as exc:
             log.warning("not recording the job's failure: %s", exc)
         except StoreError as exc:
@@ -478,14 +502,33 @@ class Launcher:
             raise self._lost_leadership()
         return Guard(keys.LEADER, self._lease.id)
 
-    def _write(self, key: str, value: JsonValue) -> None:
+    def _write(self, key: str, value: JsonValue | Callable[[], JsonValue]) -> None:
         """A leader's write: only while this launcher leads (LeadershipLostError if another
-        launcher does; after an outage that let its lease expire, it leads again first)."""
-        if self.store.put_guarded(key, value, guard=self._guard()) is not None:
+        launcher does; after an outage that let its lease expire, it leads again first). A
+        callable value is rendered at each try: records stamped with the lease (:meth:`_stamp`)
+        get the new one after a reclaim."""
+        render = value if callable(value) else lambda: value
+        if self.store.put_guarded(key, render(), guard=self._guard()) is not None:
             return
         self._reclaim()
-        if self.store.put_guarded(key, value, guard=self._guard()) is None:
+        if self.store.put_guarded(key, render(), guard=self._guard()) is None:
             raise self._lost_leadership()
+
+    def _stamp(self) -> int | None:
+        """This launcher's lease, written into the records agents obey (status, directives)."""
+        return None if self._lease is None else self._lease.id
+
+    def _restamp_directives(self) -> None:
+        """Write the stored directives again under this launcher's lease (it adopted the job,
+        or leads again under a new lease): agents follow only their current leader's."""
+        job = parse_job(self.store.get_prefix(keys.DIRECTIVES).items, 0)
+        for node, stored in job.directives.items():
+            if stored.record.leader != self._stamp():
+                self._write(keys.directive(node), self._directive(stored.record.incarnations))
+
+    def _directive(self, incarnations: tuple[tuple[int, int], ...]) -> Callable[[], JsonValue]:
+        """A directive as :meth:`_write` renders it: stamped with the lease it is written under."""
+        return lambda: Directive(incarnations, self._stamp()).to_json()
 
     def _reclaim(self) -> None:
         """A guarded write failed: lead again if the leader key is gone or still under this
@@ -536,6 +579,7 @@ class Launcher:
             self._lease = None
             raise self._lost_leadership()
         self._hold.outage(time.monotonic())
+        self._restamp_directives()
         self._log(
             "etcd let this launcher's lease expire while it was away; leading again under a "
             "new lease (holding back decisions about vanished members for "
@@ -717,7 +761,7 @@ class Launcher:
         elif isinstance(decision, NotifyWorkers):
             self.rendezvous.notify(list(decision.slots), decision.timestamp)
         elif isinstance(decision, SetDirective):
-            self._write(keys.directive(decision.node), Directive(decision.incarnations).to_json())
+            self._write(keys.directive(decision.node), self._directive(decision.incarnations))
         elif isinstance(decision, FinishJob):
             return self._finish(decision)
         return None
@@ -732,7 +776,9 @@ class Launcher:
 
     def _finish(self, decision: FinishJob) -> JobResult:
         phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED
-        self._write(keys.JOB_STATUS, JobStatus(phase, decision.reason).to_json())
+        self._write(
+            keys.JOB_STATUS, lambda: JobStatus(phase, decision.reason, self._stamp()).to_json()
+        )
         if self.observer is not None:
             self.observer.finished(decision.succeeded, decision.reason)
         self._log(f"job {self.settings.job_id} {phase.value}: {decision.reason}")

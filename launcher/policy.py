@@ -509,7 +509,7 @@ class RingPolicy:
         """Take over a running job whose launcher is gone, from what the store holds: its
         ring (kept as it is: no new epoch, no rollback), its members (as nodes that joined by
         themselves: this launcher did not start them and cannot start them again) and the
-        directives they follow. The restart budget starts anew."""
+        directives they follow. The restarts spent go on from the ring's count."""
         self.started_at = view.now - self.settings.start_grace
         for node in view.members:
             self.nodes.move(node, NodeState.REGISTERED, view.now)
@@ -537,6 +537,7 @@ class RingPolicy:
                 self.handled_exits.add((exit_.slot, exit_.incarnation))
         if ring is None:
             return [Log("took over a job that had not formed its first ring yet")]
+        self.budget.used = min(ring.restarts_used, self.budget.limit)
         self.ring = ring
         self.member_incarnations = {
             slot: view.procs[slot].incarnation for slot in ring.slots if slot in view.procs
@@ -1014,7 +1015,7 @@ class RingPolicy:
         self.epoch_since = view.now
         decisions: list[Decision] = [
             Log(f"forming epoch {epoch} ({cause.value}): {len(target)} ranks {list(target)}"),
-            WriteRing(self.ring),
+            self._write_ring(),
         ]
         joined = tuple(s for s in target if before.get(s) != self.member_incarnations.get(s))
         if previous is not None:
@@ -1078,14 +1079,14 @@ class RingPolicy:
         if waiting:
             if waiting != ring.waiting:
                 self.ring = replace(ring, waiting=waiting)
-                decisions.append(WriteRing(self.ring))
+                decisions.append(self._write_ring())
             return decisions
         self.ring = replace(ring, state=RingState.RUNNING, waiting=())
         self.holders = set(ring.slots)
         took = view.now - self.epoch_since
         ranks = ", ".join(f"{rank}={slot}" for rank, slot in enumerate(ring.slots))
         decisions += [
-            WriteRing(self.ring),
+            self._write_ring(),
             ReleaseWaiters(ring.epoch, tuple((s, self.ring.assignment(s)) for s in ring.slots)),
             Log(
                 f"epoch {ring.epoch} running with {len(ring.slots)} ranks; "
@@ -1102,6 +1103,12 @@ class RingPolicy:
             ),
         ]
         return decisions
+
+    def _write_ring(self) -> WriteRing:
+        """Write :attr:`ring`, with the restarts spent so far (a successor goes on from there)."""
+        assert self.ring is not None
+        self.ring = replace(self.ring, restarts_used=self.budget.used)
+        return WriteRing(self.ring)
 
     def _may_join_later(self, slot: str, view: JobView) -> bool:
         node, _ = split_slot(slot)
@@ -1120,7 +1127,7 @@ class RingPolicy:
                 Log(
                     f"epoch {ring.epoch}: members did not reach a commit in time; interrupting them"
                 ),
-                WriteRing(self.ring),
+                self._write_ring(),
             ]
         if ring.cause is not EpochCause.FAILURE or silent_for <= self.settings.stuck_timeout:
             return []

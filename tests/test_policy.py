@@ -473,3 +473,21 @@ def test_a_node_leaving_before_the_first_epoch_is_not_kept_waiting() -> None:
     del world.waiting["n1.0"]
     world.members["n0"] = Member("n0", 1, True, 1)  # SIGTERM to its agent
     assert answers(step(policy, world)) == {"n0.0": REMOVED.rank}
+
+
+def test_the_rings_carry_the_restarts_spent_and_a_successor_goes_on_from_there() -> None:
+    policy, world, slots = started_job(count=2, max_restarts=1)
+    world.kill(slots[0], code=1, signal=None)
+    decisions = step(policy, world)
+    assert SetDirective("n0", ((0, 2),)) in decisions
+    ring = of(WriteRing, decisions)[-1].ring
+    assert ring.restarts_used == 1
+    # A launcher that takes the job over from this ring has no restart left to spend.
+    successor = make_policy(2, max_restarts=1)
+    world.waiting.clear()
+    successor.adopt(ring, world.view(), {"n0": {0: 2}, "n1": {0: 1}})
+    assert successor.restarts_used == 1
+    world.kill("n1.0", code=1, signal=None)
+    decisions = step(successor, world)
+    assert any("no restarts left" in d.message for d in of(Log, decisions)), decisions
+    assert SetDirective("n1", ()) in decisions

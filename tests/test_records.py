@@ -35,6 +35,7 @@ from elastic_allreduce.records.values import (
     Ring,
     RingState,
     ScaleTarget,
+    from_leader,
 )
 
 SETTINGS = JobSettings(1, 3, 2, 4, wait_timeout=30.0)
@@ -45,12 +46,12 @@ RECORDS: dict[str, Any] = {
     keys.JOB_CONFIG: JobConfig(SETTINGS, ("python", "train.py", "--lr", "0.1"), "/ckpt"),
     keys.SCALE_TARGET: ScaleTarget(3),
     keys.RING: Ring(4, ("n0.0", "n1.0"), RingState.FORMING, "h:1", ("n1.0",), EpochCause.RESIZE),
-    keys.JOB_STATUS: JobStatus(JobPhase.FAILED, "slot n0.0 crashed"),
+    keys.JOB_STATUS: JobStatus(JobPhase.FAILED, "slot n0.0 crashed", leader=7587),
     keys.PROGRESS: Progress.of({"step": 12, "epoch": 1, "commit_id": 3, "lr": 0.5}, 2),
     keys.member("n0"): MemberRecord("10.0.0.2", 2, 1234, leaving=True),
     keys.proc("n0.1"): ProcRecord(99, 2, ProcPhase.TRAINING, 7, 3),
     keys.exit_("n0.1", 2): ExitRecord.from_returncode(-9, ("Traceback", "boom")),
-    keys.directive("n0"): Directive(((0, 1), (1, 3))),
+    keys.directive("n0"): Directive(((0, 1), (1, 3)), leader=7587),
     keys.RANKS: RanksRecord(
         3,
         1700000000.5,
@@ -275,3 +276,17 @@ def test_the_snapshot_skips_junk_keys_and_values_and_says_why() -> None:
 def test_an_empty_prefix_is_an_unknown_job() -> None:
     assert parse_job([], revision=1).empty
     assert not parse_job([FakeKV(keys.SCALE_TARGET, {"workers": 2})], revision=1).empty
+
+
+def test_only_the_leader_s_stamp_is_obeyed() -> None:
+    assert from_leader(7587, 7587)
+    assert not from_leader(7587, 7588)  # another launcher's (a stale one, a forger's copy)
+    assert not from_leader(None, 7587)  # unstamped: not written by a launcher of this version
+    assert not from_leader(7587, None)  # no leader seen yet
+
+
+def test_a_stamp_must_be_a_lease_id() -> None:
+    with pytest.raises(MalformedValueError, match="leader"):
+        Directive.from_json(keys.directive("n0"), {"slots": {}, "leader": "the boss"})
+    with pytest.raises(MalformedValueError, match="leader"):
+        JobStatus.from_json(keys.JOB_STATUS, {"phase": "failed", "leader": 0})

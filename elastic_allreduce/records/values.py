@@ -421,20 +421,27 @@ class ExitRecord:
 
 @dataclass(frozen=True)
 class Directive:
-    """``directives/<node>``: the incarnation each slot of the node must run (absent: stop it)."""
+    """``directives/<node>``: the incarnation each slot of the node must run (absent: stop it).
+
+    ``leader`` is the lease of the launcher that wrote it: an agent follows only its current
+    leader's directives (:func:`from_leader`)."""
 
     incarnations: tuple[tuple[int, int], ...]
+    leader: int | None = None
 
     def get(self, index: int) -> int:
         """The incarnation slot ``index`` must run; 0: none (stop it)."""
         return dict(self.incarnations).get(index, 0)
 
     def to_json(self) -> JsonValue:
-        return {"slots": {str(index): incarnation for index, incarnation in self.incarnations}}
+        slots: dict[str, JsonValue] = {str(i): incarnation for i, incarnation in self.incarnations}
+        return {"slots": slots, "leader": self.leader}
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> Directive:
-        slots = _Fields(key, value, "the directive").value.get("slots")
+        fields = _Fields(key, value, "the directive")
+        leader = fields.opt_integer("leader", minimum=1)
+        slots = fields.value.get("slots")
         if not isinstance(slots, dict):
             raise MalformedValueError(key, "a directive's 'slots' must be an object")
         pairs = []
@@ -446,23 +453,36 @@ class Directive:
                     "and an incarnation >= 1",
                 )
             pairs.append((int(index), incarnation))
-        return cls(tuple(sorted(pairs)))
+        return cls(tuple(sorted(pairs)), leader)
 
 
 @dataclass(frozen=True)
 class JobStatus:
-    """``status/job``: the job's phase, and why it ended."""
+    """``status/job``: the job's phase, and why it ended; ``leader``: the lease of the launcher
+    that wrote it (agents end only on their leader's word, :func:`from_leader`)."""
 
     phase: JobPhase
     reason: str | None = None
+    leader: int | None = None
 
     def to_json(self) -> JsonValue:
-        return {"phase": self.phase.value, "reason": self.reason}
+        return {"phase": self.phase.value, "reason": self.reason, "leader": self.leader}
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> JobStatus:
         fields = _Fields(key, value, "the job status")
-        return cls(fields.enum("phase", JobPhase), fields.opt_text("reason"))
+        return cls(
+            fields.enum("phase", JobPhase),
+            fields.opt_text("reason"),
+            fields.opt_integer("leader", minimum=1),
+        )
+
+
+def from_leader(stamp: int | None, leader: int | None) -> bool:
+    """Whether a record stamped ``stamp`` comes from the launcher whose lease is ``leader`` (the
+    leader key's lease, or the last one seen once the key is gone): any other writer of the
+    job's keys -- a stale launcher, a process with the job's credentials -- is not obeyed."""
+    return stamp is not None and stamp == leader
 
 
 @dataclass(frozen=True)
@@ -516,6 +536,9 @@ class Ring:
     #: Slots of a FORMING epoch that have not asked for their rank yet.
     waiting: tuple[str, ...] = field(default=())
     cause: EpochCause = EpochCause.START
+    #: Restarts of ``--max-restarts`` spent when the epoch was written: a launcher that takes
+    #: the job over goes on from there instead of with a new budget.
+    restarts_used: int = 0
 
     def assignment(self, slot: str) -> SlotAssignment:
         """The slot's ranks in this epoch; REMOVED when it is not a member."""
@@ -541,6 +564,7 @@ class Ring:
             "rendezvous": self.rendezvous,
             "waiting": list(self.waiting),
             "cause": self.cause.value,
+            "restarts_used": self.restarts_used,
         }
 
     @classmethod
@@ -562,6 +586,7 @@ class Ring:
             fields.text("rendezvous"),
             waiting,
             fields.enum("cause", EpochCause, EpochCause.START),
+            fields.opt_integer("restarts_used", minimum=0) or 0,
         )
 
 

@@ -544,7 +544,10 @@ def worker_pod(spec: JobSpec) -> Manifest:
             {
                 "name": "worker",
                 "image": spec.image,
+                # The training command is the pod's own, not config/job's: nobody who can
+                # write the job's keys can change what a worker runs.
                 "command": ["elastic-run", "join"],
+                "args": ["--", *spec.job.command],
                 "env": variables,
                 "resources": {
                     "requests": {"cpu": spec.cpu, "memory": spec.memory},

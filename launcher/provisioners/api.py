@@ -18,6 +18,8 @@ import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from elastic_allreduce.records.values import MemberRecord
+
 
 @dataclass(frozen=True)
 class NodeStates:
@@ -52,6 +54,11 @@ class Provisioner(abc.ABC):
         the next one, which adopts them. Default: :meth:`close` (a provisioner whose nodes
         cannot outlive it)."""
         self.close()
+
+    def adopt(self, members: Mapping[str, MemberRecord]) -> None:  # noqa: B027 - optional
+        """The launcher took over a running job whose nodes are ``members``: manage the ones
+        this provisioner can reach as if it had started them. Default: nothing (nodes that
+        joined by themselves, or a provisioner that finds its nodes otherwise)."""
 
     def node_states(self) -> NodeStates:
         """Pending and disrupted nodes (none for a provisioner that cannot tell)."""

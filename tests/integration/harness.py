@@ -81,12 +81,22 @@ class Job:
             self._new.put(line)
         self._new.put("")
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        """Block until ``predicate()`` holds (checked as output arrives) or fail with the log."""
+    def wait_for(
+        self,
+        predicate: Callable[[], bool],
+        timeout: float,
+        what: str,
+        *,
+        after_exit: bool = False,
+    ) -> None:
+        """Block until ``predicate()`` holds (checked as output arrives) or fail with the log;
+        at once when the process has exited, unless ``after_exit`` (its output may go on:
+        processes it started that outlive it write to the same pipe)."""
         deadline = time.monotonic() + timeout
         while not predicate():
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or (self.proc.poll() is not None and self._new.empty()):
+            exited = not after_exit and self.proc.poll() is not None and self._new.empty()
+            if remaining <= 0 or exited:
                 if predicate():
                     return
                 raise AssertionError(f"timed out waiting for {what}; output:\n" + self.tail())

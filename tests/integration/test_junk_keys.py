@@ -39,13 +39,20 @@ def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
     for key, value in JUNK.items():
         job.store.put(key, value)
     write_raw(job.store, "exits/n1.0/9", b"\x00not json")
+    # Well-formed records from a writer that is not the leader (issue #14, item 4): a status
+    # that says the job ended (unstamped) and a directive that stops a node's slot (stamped
+    # with a lease that is not the leader's). The agents ignore both.
+    job.store.put(keys.JOB_STATUS, {"phase": "succeeded", "reason": "forged"})
+    leader = job.store.get(keys.LEADER)
+    assert leader is not None and leader.lease is not None
+    job.store.put(keys.directive("n0"), {"slots": {}, "leader": leader.lease + 1})
     # A crash after the junk landed: the launcher and the agents must act through it.
     victim = slot_of_rank(job, 2, 3)
     os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
     status = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
     assert job.finish() == 0, job.tail()
     done = job.done()
-    assert len(done) == 3 and {e.data["step"] for e in done} == {STEPS}, job.tail()
+    assert len(done) == 3 and {e.data["step"] for e in done} == {STEPS}, job.tail(400)
     assert len({e.data["checksum"] for e in done}) == 1
     crashed = f"slot {victim} crashed: killed by SIGKILL"
     assert any(crashed in line and "restarting it" in line for line in job.lines), job.tail()
@@ -54,5 +61,15 @@ def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
         assert any(repr(key) in line for line in launcher_warnings), (key, launcher_warnings)
     assert len(launcher_warnings) == len(JUNK) + 1, launcher_warnings  # each one once
     assert any("node n0] ignoring key 'procs/x'" in line for line in job.lines), job.tail()
+    for node in ("n0", "n1", "n2"):
+        assert any(
+            f"node {node}] ignoring status/job: not written by the job's leader" in line
+            for line in job.lines
+        ), job.tail()
+    assert any(
+        "node n0] ignoring directives/n0: not written by the job's leader" in line
+        for line in job.lines
+    ), job.tail()
+    assert not any("n0.0] stopping incarnation" in line for line in job.lines), job.tail()
     assert status.returncode == 0, status.stderr
     assert "skipped key members/n7: the member record: field 'slots'" in status.stdout

@@ -316,6 +316,9 @@ def test_the_worker_template_keeps_the_contract(overlay: str) -> None:
     gpu_image = overlay == "overlays/gpu-example"
     assert container["image"] == launcher["image"] + ("-gpu" if gpu_image else "")
     assert container["command"] == ["elastic-run", "join"]
+    # The worker's training command is its own, the launcher's (not config/job's from etcd).
+    launcher_args = launcher["args"]
+    assert container["args"] == launcher_args[launcher_args.index("--") :]
     assert {"name": "ELASTIC_ALLREDUCE_GLOO_IFACE", "value": "eth0"} in container["env"]
     # `elastic-run join` reads the job's etcd TLS files and user from these variables.
     variables = {e["name"]: e.get("value") for e in container["env"]}
