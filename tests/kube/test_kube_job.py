@@ -8,7 +8,9 @@ Horovod/Gloo between pods that each have their own address. The schedule of the 
 
 1. three workers train (2 CPUs each on two 4-CPU nodes: one node also holds the launcher, so
    the cluster is full);
-2. a worker pod is deleted: its agent leaves gracefully and a replacement pod joins;
+2. a worker pod is deleted: its agent leaves gracefully and a replacement pod joins; a worker's
+   container is killed (SIGKILL): the pod fails, a crash epoch, and a replacement joins; the
+   launcher's Events on its pod tell both;
 3. a pod of a higher priority arrives: the scheduler preempts a worker (its own event says so),
    the job shrinks to two and trains on while the replacement stays Pending; the intruder goes,
    the replacement is placed and joins: three again;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -219,6 +222,19 @@ def test_a_rendered_job_trains_through_a_deletion_a_preemption_and_a_new_launche
         assert f"node {deleted} was lost: pod is being deleted" in log, job.tail()
         assert "(resize): 2 ranks" in log and "(failure)" not in log, job.tail()
 
+        # 2b. A worker's container killed (SIGKILL of `elastic-run join`, its training process
+        # with it): the kubelet reports the pod Failed, a crash epoch, and a replacement.
+        workers = job.running("worker")
+        killed = sorted(workers)[0]
+        agent_pid = job.snapshot().members[killed].record.pid
+        assert agent_pid is not None
+        os.kill(agent_pid, signal.SIGKILL)
+        epoch = job.wait_size(2, epoch, 120, "the ring without the killed worker")
+        epoch = job.wait_size(3, epoch, 180, "a replacement for the killed worker")
+        log = kubelet.log(namespace, launcher)
+        assert f"node {killed} was lost: pod failed" in log, job.tail()
+        assert "(failure): 2 ranks" in log, job.tail()
+
         # 3. A higher-priority pod that fits only where a worker runs: the scheduler preempts it.
         before = set(job.running("worker"))
         intruder = intruder_pod(urgent_class)
@@ -252,6 +268,24 @@ def test_a_rendered_job_trains_through_a_deletion_a_preemption_and_a_new_launche
             f"preemption: intruder created -> ring of 2 training {shrunk - arrived:.1f} s; "
             f"intruder deleted -> ring of 3 training {time.monotonic() - gone:.1f} s"
         )
+
+        # The launcher told the story as Events on its pod, through the real API.
+        told = [
+            e
+            for e in kube.list(EVENT, namespace, "")
+            if e.get("involvedObject", {}).get("name") == launcher
+        ]
+        reasons = {e.get("reason") for e in told}
+        assert {"Joined", "Left", "Crashed", "Reformed"} <= reasons, [
+            (e.get("reason"), e.get("message")) for e in told
+        ]
+        assert any(e.get("type") == "Warning" and killed in e.get("message", "") for e in told)
+        launcher_pod = kube.get(POD, launcher, namespace)
+        assert launcher_pod is not None
+        assert all(e["involvedObject"].get("uid") == launcher_pod["metadata"]["uid"] for e in told)
+        # ... and keeps the ring on its pod's annotation.
+        annotations = launcher_pod["metadata"].get("annotations", {})
+        assert annotations.get("elastic-allreduce/ring", "").startswith("epoch "), annotations
 
         # 4. The launcher pod deleted: it hands over, the Job's next pod adopts the job.
         kube_cluster.kubectl("delete", "pod", launcher, "-n", namespace, "--wait=false")
