@@ -9,6 +9,8 @@ The agent runs every training process through this module, which
    its epoch starts it reaches ``hvd.init()`` in moments;
 3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
    Horovod's rank variables and ``HOROVOD_ELASTIC=1`` (re-initialisations then ask the launcher);
+   a launcher on an IPv6 address, which Horovod's own clients cannot reach, is reached through a
+   relay of this process on IPv4 loopback (:mod:`elastic_allreduce.ipv6`);
 4. starts a guard thread that, when the launcher re-forms the ring after a failure while this
    process has not yet asked for its new rank, shuts down Gloo's connections of the failed
    epoch (those that ``hvd.init()`` opened; the script's own connections stay): a Gloo
@@ -39,7 +41,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from elastic_allreduce import env
+from elastic_allreduce import env, ipv6
 from elastic_allreduce.errors import (
     ConfigError,
     ElasticAllreduceError,
@@ -47,6 +49,7 @@ from elastic_allreduce.errors import (
     StoreError,
 )
 from elastic_allreduce.follow import LeaderFollower, capture_registration, each_record
+from elastic_allreduce.ipv6 import HorovodRendezvous
 from elastic_allreduce.progress import REPORT_INTERVAL, Beacon
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import (
@@ -119,18 +122,23 @@ def own_sockets() -> dict[int, int]:
 
 
 def gloo_connections(
-    opened: Collection[int], sockets: Mapping[int, TcpSocket], excluded_ports: Collection[int]
+    opened: Collection[int],
+    sockets: Mapping[int, TcpSocket],
+    excluded_ports: Collection[int],
+    excluded_local_ports: Collection[int] = (),
 ) -> frozenset[int]:
     """Of the sockets ``opened`` while ``hvd.init()`` ran, the inodes of Gloo's connections:
     established TCP connections whose remote port is not one of ``excluded_ports`` (etcd, the
-    launcher's rendezvous -- which Horovod's Gloo store and this process's threads also talk to
-    during an init)."""
+    launcher's rendezvous or this process's relay to it -- which Horovod's Gloo store and this
+    process's threads also talk to during an init) and whose local port is not one of
+    ``excluded_local_ports`` (the relay's end of Horovod's connections to it)."""
     return frozenset(
         inode
         for inode in opened
         if (tcp := sockets.get(inode)) is not None
         and tcp.established
         and tcp.remote_port not in excluded_ports
+        and tcp.local_port not in excluded_local_ports
     )
 
 
@@ -146,8 +154,11 @@ class GlooSockets:
     :meth:`end`; the ring guard cuts :meth:`established`. Thread-safe.
     """
 
-    def __init__(self, excluded_ports: Collection[int]) -> None:
+    def __init__(
+        self, excluded_ports: Collection[int], excluded_local_ports: Collection[int] = ()
+    ) -> None:
         self._excluded = frozenset(excluded_ports)
+        self._excluded_local = frozenset(excluded_local_ports)
         self._lock = threading.Lock()
         self._inodes: frozenset[int] = frozenset()
 
@@ -164,7 +175,7 @@ class GlooSockets:
         with self._lock:
             kept = self._inodes & now.keys()
             self._inodes = kept | gloo_connections(
-                now.keys() - before, tcp_sockets(), self._excluded
+                now.keys() - before, tcp_sockets(), self._excluded, self._excluded_local
             )
             return len(self._inodes)
 
@@ -353,8 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The slow import happens before this process says it is ready.
     import horovod.tensorflow  # noqa: F401, PLC0415
 
+    host = _required(env.HOROVOD_RENDEZVOUS_ADDR)
     port = int(_required(env.HOROVOD_RENDEZVOUS_PORT))
-    rendezvous = protocol.host_port(_required(env.HOROVOD_RENDEZVOUS_ADDR), port)
+    rendezvous = protocol.host_port(host, port)
     admission = _wait_for_first_epoch(rendezvous, slot)
     if not admission.admitted:
         print(f"slot {slot}: not admitted to any ring epoch; exiting", file=sys.stderr)
@@ -368,10 +380,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         replace(registration.record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
     )
 
-    gloo = GlooSockets({port, *(endpoint.port for endpoint in store.endpoints)})
+    # Horovod's clients reach an IPv6 launcher through a relay of this process (ipv6 module).
+    horovod_rendezvous = HorovodRendezvous()
+    horovod_rendezvous.point(rendezvous)
+    if protocol.is_ipv6(host):
+        ipv6.serve_notifications_over_ipv6(host, port)
+    relay = horovod_rendezvous.relay
+    relay_ports = () if relay is None else (relay.port,)
+    gloo = GlooSockets(
+        {port, *relay_ports, *(endpoint.port for endpoint in store.endpoints)}, relay_ports
+    )
     guard = RingGuard(store, slot, admission.epoch, gloo)
     guard.start()
-    follower = LeaderFollower(store, slot, rendezvous)
+    follower = LeaderFollower(store, slot, rendezvous, horovod_rendezvous)
     follower.start(store)
     Beacon(follower.address, slot, record.incarnation, _progress_interval()).start()
     capture_registration()

@@ -111,6 +111,27 @@ class CheckpointDir:
         self.job_id = job_id or DEFAULT_JOB
         self.path = self.root / self.job_id
         self.keep = keep
+        #: What one is called in warnings, and what to do when the device is full.
+        self.kind = "checkpoint"
+        self.full_hint = "free some, or lower --keep-checkpoints"
+
+    @classmethod
+    def at(
+        cls,
+        folder: str | os.PathLike[str],
+        job_id: str | None,
+        keep: int,
+        *,
+        kind: str,
+        full_hint: str,
+    ) -> CheckpointDir:
+        """The same machinery in ``folder`` itself (not ``<folder>/<job-id>``), for folders that
+        are the job's already (a slot's snapshot folder); the job id is still checked."""
+        checkpoints = cls(folder, job_id, keep)
+        checkpoints.path = Path(folder)
+        checkpoints.kind = kind
+        checkpoints.full_hint = full_hint
+        return checkpoints
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -138,16 +159,18 @@ class CheckpointDir:
                 return self._read(checkpoint, expected_fingerprint)
             except CheckpointError as exc:
                 log.warning(
-                    "skipping checkpoint %s (commit %d): %s; trying the previous one",
+                    "skipping %s %s (commit %d): %s; trying the previous one",
+                    self.kind,
                     checkpoint.path,
                     checkpoint.commit_id,
                     exc,
                 )
         if candidates:
             log.warning(
-                "none of the %d checkpoints in %s could be loaded (see above): starting from "
+                "none of the %d %ss in %s could be loaded (see above): starting from "
                 "the initial state",
                 len(candidates),
+                self.kind,
                 self.path,
             )
         return None
@@ -286,11 +309,13 @@ class CheckpointDir:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
             log.warning(
-                "skipped the checkpoint of commit %d in %s: %s; training goes on, the previous "
-                "checkpoints are kept",
+                "skipped the %s of commit %d in %s: %s; training goes on, the previous "
+                "%ss are kept",
+                self.kind,
                 commit_id,
                 self.path,
-                _reason(exc),
+                _reason(exc, self.full_hint),
+                self.kind,
             )
             return None
         written = Checkpoint(final, sequence, commit_id)
@@ -367,8 +392,8 @@ def _remove(path: Path) -> None:
         log.warning("could not delete %s: %s", path, _reason(exc))
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError, full_hint: str = "free some, or lower --keep-checkpoints") -> str:
     """An OSError as a reason, with what to do about a full disk."""
     if exc.errno == errno.ENOSPC:
-        return f"no space left on the device ({exc}); free some, or lower --keep-checkpoints"
+        return f"no space left on the device ({exc}); {full_hint}"
     return str(exc)

@@ -83,6 +83,12 @@ HOROVOD_RANK_VARIABLES: Final = (
 CHECKPOINT_DIR: Final = "ELASTIC_ALLREDUCE_CHECKPOINT_DIR"
 #: How many checkpoints elastic_allreduce.State keeps in the job's folder (--keep-checkpoints).
 KEEP_CHECKPOINTS: Final = "ELASTIC_ALLREDUCE_KEEP_CHECKPOINTS"
+#: This slot's snapshot folder in shared memory (set by the agent; unset: no snapshots):
+#: elastic_allreduce.State writes each commit there and loads it on start (shm_snapshot).
+SNAPSHOT_DIR: Final = "ELASTIC_ALLREDUCE_SNAPSHOT_DIR"
+#: Where an agent creates its slots' snapshot folders (default /dev/shm/elastic-allreduce-<uid>;
+#: "off": none).
+SNAPSHOT_ROOT: Final = "ELASTIC_ALLREDUCE_SNAPSHOT_ROOT"
 #: Directory of the job's TensorBoard summaries (from --tensorboard-dir): rank 0 of the ring
 #: writes its per-step scalars and membership markers under it (elastic_allreduce.tensorboard).
 TENSORBOARD_DIR: Final = "ELASTIC_ALLREDUCE_TENSORBOARD_DIR"

@@ -6,7 +6,8 @@ no launcher to step, only to change members. :class:`LeaderFollower` watches the
 when the address changes,
 
 - points Horovod at it: ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` / ``_PORT`` in the environment, which
-  the next ``hvd.init()`` (at a reset) reads;
+  the next ``hvd.init()`` (at a reset) reads -- for an IPv6 launcher they name this process's
+  relay, which is re-pointed instead (:class:`elastic_allreduce.ipv6.HorovodRendezvous`);
 - moves the progress beacon to it (:attr:`LeaderFollower.address` is what the beacon reads);
 - registers the process's notification service with it again. Horovod registers that service
   once, with the first launcher (``WorkerNotificationManager.init``); without it a new launcher
@@ -18,17 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from elastic_allreduce import env
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ElasticAllreduceError, StoreError
+from elastic_allreduce.ipv6 import HorovodRendezvous
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import LeaderRecord
-from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.store import EventType, Store, Watch
 
 log = logging.getLogger(__name__)
@@ -61,15 +60,16 @@ def capture_registration() -> None:
     worker.put_data_into_kvstore = put
 
 
-def register_again(address: str) -> bool:
-    """Send the kept registration to the launcher at ``address``; whether one was sent."""
+def register_again(host: str, port: int) -> bool:
+    """Send the kept registration to the launcher's rendezvous at ``host:port`` as Horovod
+    reaches it (its relay for an IPv6 launcher: Horovod's client puts no brackets around an
+    IPv6 address); whether one was sent."""
     from horovod.runner.elastic.rendezvous import PUT_WORKER_ADDRESSES  # noqa: PLC0415
 
     with _registration_lock:
         registration = _registration
     if registration is None or _send is None:
         return False
-    host, port = protocol.split_host_port(address)
     _send(host, port, PUT_WORKER_ADDRESSES, *registration)
     return True
 
@@ -102,8 +102,12 @@ def each_record(
 class LeaderFollower:
     """Watches ``launcher/leader`` and follows its rendezvous address (module docstring)."""
 
-    def __init__(self, store: Store, slot: str, address: str) -> None:
+    def __init__(
+        self, store: Store, slot: str, address: str, horovod: HorovodRendezvous | None = None
+    ) -> None:
         self._slot = slot
+        #: Points Horovod's own clients at the launcher (directly, or through a relay).
+        self._horovod = horovod or HorovodRendezvous()
         self._lock = threading.Lock()
         self._address = address
         self._stop = threading.Event()
@@ -145,12 +149,10 @@ class LeaderFollower:
             if address == self._address:
                 return
             self._address = address
-        host, port = protocol.split_host_port(address)
-        os.environ[env.HOROVOD_RENDEZVOUS_ADDR] = host
-        os.environ[env.HOROVOD_RENDEZVOUS_PORT] = str(port)
         try:
-            registered = register_again(address)
-        except (OSError, RuntimeError) as exc:
+            host, port = self._horovod.point(address)
+            registered = register_again(host, port)
+        except (OSError, RuntimeError, ElasticAllreduceError) as exc:
             log.warning("slot %s: could not register with the new launcher: %s", self._slot, exc)
             registered = False
         log.info(

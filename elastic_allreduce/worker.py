@@ -19,7 +19,12 @@ its optimizer and any extra attributes) with four additions:
   ``keep_checkpoints``; a new State loads the newest usable one (falling back to an older one
   when the newest is unreadable): the job resumes from disk when every worker died at once. A
   write that fails (a full disk) is skipped with a warning; training goes on
-  (:mod:`elastic_allreduce.checkpoint`).
+  (:mod:`elastic_allreduce.checkpoint`);
+* under ``elastic-run``, every rank also writes each commit to its slot's snapshot folder in
+  shared memory, which the node's agent owns (:mod:`elastic_allreduce.shm_snapshot`), and a new
+  State loads the newer (by commit id) of that snapshot and the newest checkpoint: a process
+  restarted on its node, or a ring that died while its agents lived, resumes from its last
+  commit in memory, with or without ``--checkpoint-dir``.
 
 ``run`` is Horovod's, except that a failed collective is never mistaken for the end of
 training (:mod:`elastic_allreduce.elastic_run`). Everything else is Horovod's: reset callbacks,
@@ -52,7 +57,16 @@ from horovod.tensorflow.keras.elastic import (
 )
 from typing_extensions import Unpack
 
-from elastic_allreduce import elastic_run, env, plain, progress, runtime, sync, tensorboard
+from elastic_allreduce import (
+    elastic_run,
+    env,
+    plain,
+    progress,
+    runtime,
+    shm_snapshot,
+    sync,
+    tensorboard,
+)
 from elastic_allreduce.audit import SampleLog
 from elastic_allreduce.checkpoint import CheckpointDir, fingerprint
 from elastic_allreduce.data import (
@@ -375,6 +389,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             else None
         )
         self._checkpoint_every = checkpoint_every
+        self._snapshots = _snapshot_dir()
+        self._snapshot_writer: _SnapshotWriter | None = None
         self._reporter: LatestValueWriter | None = None
         attributes = plain.plain_attributes(kwargs)
         super().__init__(model, optimizer, commit_id=0, **attributes)
@@ -382,11 +398,15 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self._bcast_object = _no_pickles
         #: The newest commit on disk (0: none).
         self._checkpointed = 0
+        if self._snapshots is not None:
+            # This slot's folder, written by this process only: a killed predecessor's staging
+            # leftover goes now (it holds shared memory).
+            self._snapshots.prepare()
+        if self._checkpoints is not None and hvd.rank() == 0:
+            # The only writer: a crashed writer's staging leftovers go now.
+            self._checkpoints.prepare()
+        self._load_newest()
         if self._checkpoints is not None:
-            if hvd.rank() == 0:
-                # The only writer: a crashed writer's staging leftovers go now.
-                self._checkpoints.prepare()
-            self._load_checkpoint(self._checkpoints)
             self._save_on_sigterm()
         self._on_resize = on_resize
         self._size = hvd.size()
@@ -415,6 +435,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         if refusal is None:
             step = getattr(self, "step", None)
             progress.report_commit(step if isinstance(step, int) else None, self.commit_id)
+            if self._snapshots is not None:
+                self._write_snapshot(self._snapshots)
             if hvd.rank() == 0:
                 self._report()
                 if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
@@ -525,6 +547,28 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
             self._checkpointed = commit_id
 
+    def wait_for_snapshot(self, timeout: float = 10.0) -> bool:
+        """Wait up to ``timeout`` seconds until the last commit is in this slot's snapshot
+        folder (written, or skipped as too big or failed); whether it is. True at once without
+        snapshots (outside elastic-run)."""
+        writer = self._snapshot_writer
+        return writer is None or writer.flush(timeout)
+
+    def _write_snapshot(self, snapshots: CheckpointDir) -> None:
+        """Hand the commit just made to this slot's snapshot writer, which writes it to shared
+        memory on a thread of its own (a write costs tens of ms at a million parameters, which
+        must not hold the ring's next step); a commit superseded before it was written is
+        skipped."""
+        self._build_optimizer()
+        # The committed copies (save() made them, and the next commit makes new ones): NumPy
+        # views of host tensors, no copy.
+        arrays = [np.asarray(v) for v in (*self._saved_model_state, *self._saved_optimizer_state)]
+        if len(arrays) != len(self._arrays()):
+            return  # cannot happen after _build_optimizer; never write a partial state
+        if self._snapshot_writer is None:
+            self._snapshot_writer = _SnapshotWriter(snapshots, self._fingerprint())
+        self._snapshot_writer.submit(self.commit_id, arrays, dict(self._saved_state))
+
     def _save_on_sigterm(self) -> None:
         """SIGTERM (a node stopped before it could hand its state on: the leave timeout, a
         failed job, a preempted pod's last seconds) makes rank 0 write the last commit if it is
@@ -560,22 +604,36 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
             self._checkpointed = commit_id
 
-    def _load_checkpoint(self, checkpoints: CheckpointDir) -> None:
-        """Take the newest usable checkpoint of this job, if there is one."""
-        if not checkpoints.checkpoints():
+    def _load_newest(self) -> None:
+        """Take the newest usable commit of this job: this slot's snapshot or the newest
+        checkpoint, whichever holds the higher commit id (the other if that one is unusable;
+        both pass the same job and fingerprint checks)."""
+        sources = [
+            (found[0].commit_id, source)
+            for source in (self._snapshots, self._checkpoints)
+            if source is not None and (found := source.checkpoints())
+        ]
+        if not sources:
             return
         self._build_optimizer()
-        loaded = checkpoints.load(self._fingerprint())
-        if loaded is None:
+        expected = self._fingerprint()
+        # By commit id, the snapshot first on a tie (memory is faster to read).
+        for _, source in sorted(sources, key=lambda item: -item[0]):
+            loaded = source.load(expected)
+            if loaded is not None:
+                break
+        else:
             return
         for variable, value in zip(self._arrays(), loaded.arrays, strict=True):
             variable.assign(value)
         self._saved_state = loaded.attributes
         self._set_attrs()
         self.save()
-        self._checkpointed = int(loaded.attributes.get("commit_id", 0))
+        if source is self._checkpoints:
+            self._checkpointed = int(loaded.attributes.get("commit_id", 0))
         log.info(
-            "resumed from checkpoint %s (commit %s)",
+            "resumed from %s %s (commit %s)",
+            source.kind,
             loaded.checkpoint.path,
             loaded.attributes.get("commit_id"),
         )
@@ -587,6 +645,76 @@ def _no_pickles(obj: object, root_rank: int = 0) -> object:
     raise StateValueError(
         f"elastic_allreduce.State does not send Python objects between ranks (a "
         f"{type(obj).__name__} was about to be pickled); its attributes go as JSON"
+    )
+
+
+class _SnapshotWriter:
+    """Writes the newest submitted commit to a slot's snapshot folder from one daemon thread;
+    :meth:`submit` never waits for a write. A snapshot that would not fit in shared memory is
+    skipped (warned about once per process), as is a failed write (the folder never raises)."""
+
+    def __init__(self, snapshots: CheckpointDir, fingerprint: str) -> None:
+        self._snapshots = snapshots
+        self._fingerprint = fingerprint
+        self._warned = False
+        self._wake = threading.Condition()
+        self._pending: tuple[int, list[npt.NDArray[Any]], dict[str, Any]] | None = None
+        self._busy = False
+        threading.Thread(target=self._run, name="snapshot-writer", daemon=True).start()
+
+    def submit(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
+        """Write this commit soon (replacing one not written yet)."""
+        with self._wake:
+            self._pending = (commit_id, arrays, attrs)
+            self._wake.notify()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the last submitted commit is written (or
+        skipped); whether it was."""
+        with self._wake:
+            return self._wake.wait_for(lambda: self._pending is None and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending is not None)
+                assert self._pending is not None
+                (commit_id, arrays, attrs), self._pending, self._busy = self._pending, None, True
+            try:
+                self._write(commit_id, arrays, attrs)
+            finally:
+                with self._wake:
+                    self._busy = False
+                    self._wake.notify_all()
+
+    def _write(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
+        snapshots = self._snapshots
+        needed = sum(a.nbytes for a in arrays)
+        if not shm_snapshot.fits(needed, snapshots.path):
+            if not self._warned:
+                self._warned = True
+                free = shm_snapshot.free_bytes(snapshots.path) or 0
+                log.warning(
+                    "snapshots skipped: a snapshot of this state (%.1f MiB) does not fit in the "
+                    "%.1f MiB of shared memory free at %s, so a restart resumes from a checkpoint "
+                    "or a peer only; %s",
+                    needed / 2**20,
+                    free / 2**20,
+                    snapshots.path,
+                    shm_snapshot.RAISE_HINT,
+                )
+            return
+        snapshots.write(commit_id, arrays, attrs, self._fingerprint)
+
+
+def _snapshot_dir() -> CheckpointDir | None:
+    """This slot's snapshot folder (``ELASTIC_ALLREDUCE_SNAPSHOT_DIR``, set by the agent), kept
+    to the last commit; None outside elastic-run or when the agent made none."""
+    folder = os.environ.get(env.SNAPSHOT_DIR)
+    if not folder:
+        return None
+    return CheckpointDir.at(
+        folder, os.environ.get(env.JOB_ID), 1, kind="snapshot", full_hint=shm_snapshot.RAISE_HINT
     )
 
 

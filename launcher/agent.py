@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from types import FrameType
 from typing import IO, Final
 
-from elastic_allreduce import env, logprefix
+from elastic_allreduce import env, logprefix, shm_snapshot
 from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, ProtocolError, StoreError
@@ -211,6 +211,11 @@ class Agent:
         )
         inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
         self._devices = slot_devices(inherited, settings.nproc_per_node)
+        #: Where this node's slots keep their snapshot in shared memory (None: off), and the
+        #: slots given a folder there, which the agent removes when it exits.
+        root = os.environ.get(env.SNAPSHOT_ROOT, shm_snapshot.DEFAULT_ROOT)
+        self._snapshot_root = None if root in ("", shm_snapshot.OFF) else root
+        self._snapshot_slots: set[str] = set()
         check_command(settings.command, settings.workdir)
 
     # -- entry point -------------------------------------------------------------------------
@@ -235,6 +240,8 @@ class Agent:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         listener = self._listener = ProbeListener(settings.host)
         self._prober.start()
+        if self._snapshot_root is not None and not shm_snapshot.check_root(self._snapshot_root):
+            self._snapshot_root = None
         try:
             while True:
                 outcome = self._register_and_serve(max_workers)
@@ -246,6 +253,11 @@ class Agent:
             self._prober.close()
             listener.close()
             self._stop_all(grace=5.0)
+            if self._snapshot_root is not None:
+                # The snapshots live as long as the agent: no shared memory is left behind.
+                shm_snapshot.remove_slots(
+                    self._snapshot_root, settings.job_id, self._snapshot_slots
+                )
             self.store.close()
 
     def _register_and_serve(self, max_workers: int) -> int | None:
@@ -704,6 +716,12 @@ class Agent:
             child_env[env.KEEP_CHECKPOINTS] = str(settings.keep_checkpoints)
         if settings.tensorboard_dir:
             child_env[env.TENSORBOARD_DIR] = settings.tensorboard_dir
+        child_env.pop(env.SNAPSHOT_DIR, None)
+        if self._snapshot_root is not None:
+            folder = shm_snapshot.prepare_slot(self._snapshot_root, settings.job_id, slot)
+            if folder is not None:
+                self._snapshot_slots.add(slot)
+                child_env[env.SNAPSHOT_DIR] = str(folder)
         command = [
             sys.executable,
             "-m",

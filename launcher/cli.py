@@ -266,9 +266,10 @@ def _add_local_job_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
         metavar="ADDRESS",
-        help="the address of this machine that other hosts reach the launcher (and, without "
-        "--etcd, its private etcd) at; then nodes on other hosts can `elastic-run join` the "
-        "job (default: 127.0.0.1, this machine only; not for --kubernetes)",
+        help="the address of this machine, IPv4 or IPv6, that other hosts reach the launcher "
+        "(and, without --etcd, its private etcd) at; then nodes on other hosts can "
+        "`elastic-run join` the job (default: 127.0.0.1, this machine only; not for "
+        "--kubernetes)",
     )
     security_cli.add_security_flags(parser)
     job_options.add_job_flags(parser)
@@ -429,15 +430,7 @@ def _launcher_host(given: str | None) -> str:
     """The launcher's address for ``run --host`` (checked), or loopback."""
     if not given:
         return "127.0.0.1"
-    host = netinfo.check_local_address(given)
-    if ":" in host:
-        raise ConfigError(
-            f"--host {host} is an IPv6 address: Horovod 0.28.1's Gloo rendezvous client "
-            "cannot reach the launcher over IPv6; give an IPv4 address of this machine (etcd "
-            "and the nodes may still use IPv6: `elastic-run etcd --host IPV6`, "
-            "`run --etcd [IPV6]:PORT`)"
-        )
-    return host
+    return netinfo.check_local_address(given)
 
 
 def _node_address(args: argparse.Namespace) -> tuple[str, str]:

@@ -24,14 +24,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient
-from horovod.runner.http.http_server import BAD_REQUEST, OK, RendezvousHandler, RendezvousServer
+from horovod.runner.common.util.network import AckResponse, Wire
+from horovod.runner.elastic.worker import (
+    HostsUpdatedRequest,
+    HostUpdateResult,
+    WorkerNotificationClient,
+)
+from horovod.runner.http.http_server import (
+    BAD_REQUEST,
+    OK,
+    RendezvousHandler,
+    RendezvousHTTPServer,
+)
 
 from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.records.keys import split_slot
@@ -136,7 +147,8 @@ class RendezvousService:
         self.wait_timeout = wait_timeout
         #: Where progress reports and stacks land (``PUT /progress``, ``/stacks``).
         self.progress = progress or ProgressBoard()
-        self._server = RendezvousServer(verbose=0)
+        self._httpd: RendezvousHTTPServer | None = None
+        self._thread: threading.Thread | None = None
         self._clients: dict[str, WorkerAddresses] = {}
         #: The newest notification for each slot, re-sent when a slot (re)registers (a worker
         #: that registers after a resize was decided must still hear of it) and every
@@ -154,20 +166,28 @@ class RendezvousService:
         return protocol.NodeStanding(self.epoch, node in self.members)
 
     def start(self) -> int:
-        """Start serving on a free port (all interfaces); return the port."""
-        self.port = int(self._server.start(_make_handler(self)))
-        self._server.init([])
+        """Start serving on a free port of all interfaces, IPv4 and IPv6; return the port."""
+        httpd = self._httpd = _listen(_make_handler(self))
+        self.port = int(httpd.server_address[1])
+        httpd.init([])
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, name="rendezvous-server", daemon=True
+        )
+        self._thread.start()
         return self.port
 
     def stop(self) -> None:
         """Release waiters and stop the server (if it was started)."""
         self.board.close()
-        if self.port:
-            self._server.stop()
+        if self._httpd is not None and self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join()
+            self._httpd.server_close()
 
     def clear_gloo_scopes(self) -> None:
         """Forget Gloo's rendezvous keys of earlier epochs (called as an epoch starts)."""
-        self._server.init([])
+        if self._httpd is not None:
+            self._httpd.init([])
 
     def register_worker(self, slot: str, worker: WorkerAddresses) -> None:
         """Remember a worker's notification service (from ``PUT /worker_addresses``)."""
@@ -219,12 +239,67 @@ class RendezvousService:
         ).start()
 
 
+class _DualStackHTTPServer(RendezvousHTTPServer):  # type: ignore[misc]
+    """Horovod's rendezvous HTTP server on ``[::]``: IPv6 and (mapped) IPv4 clients; Horovod
+    binds IPv4 only, which a launcher on an IPv6 address cannot use."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def _listen(handler: type[RendezvousHandler]) -> RendezvousHTTPServer:
+    """The rendezvous server bound to a free port of every address: both families where this
+    host has IPv6, else IPv4 only (as Horovod's own)."""
+    try:
+        return _DualStackHTTPServer(("", 0), handler, 0)
+    except OSError as exc:  # IPv6 disabled in this kernel
+        log.debug("rendezvous: no IPv6 socket (%s); serving IPv4 only", exc)
+        return RendezvousHTTPServer(("", 0), handler, 0)
+
+
+#: Seconds a host-update notification may take to connect and be acknowledged, per address.
+NOTIFY_TIMEOUT: Final = 20.0
+
+
+def _notify_any_family(
+    worker: WorkerAddresses, timestamp: int, update: HostUpdateResult, timeout: float
+) -> None:
+    """Send a host-update notification to the first of ``worker``'s addresses that takes it,
+    in Horovod's wire format (signed with the worker's key), over IPv4 or IPv6: Horovod's
+    client connects over IPv4 only. Raises (OSError, ProtocolError, ...) when none does."""
+    wire = Wire(worker.secret_key)
+    failures = []
+    for _, pairs in worker.addresses:
+        for host, port in pairs:
+            try:
+                with (
+                    socket.create_connection((host, port), timeout) as sock,
+                    sock.makefile("rb") as rfile,
+                    sock.makefile("wb") as wfile,
+                ):
+                    wire.write(HostsUpdatedRequest(timestamp, update), wfile)
+                    reply = wire.read(rfile)
+            except Exception as exc:  # Wire raises plain Exceptions (a bad digest, EOF)
+                failures.append(f"{protocol.host_port(host, port)}: {exc}")
+                continue
+            if isinstance(reply, AckResponse):
+                return
+            failures.append(f"{protocol.host_port(host, port)}: answered {reply!r:.60}")
+    raise ProtocolError("; ".join(failures) or "no address registered")
+
+
 def _notify_one(
     slot: str, worker: WorkerAddresses, timestamp: int, update: HostUpdateResult, *, again: bool
 ) -> None:
     try:
-        client = WorkerNotificationClient(worker.as_horovod(), worker.secret_key, verbose=0)
-        client.notify_hosts_updated(timestamp, update)
+        if any(protocol.is_ipv6(host) for _, pairs in worker.addresses for host, _ in pairs):
+            _notify_any_family(worker, timestamp, update, NOTIFY_TIMEOUT)
+        else:
+            client = WorkerNotificationClient(worker.as_horovod(), worker.secret_key, verbose=0)
+            client.notify_hosts_updated(timestamp, update)
     except Exception as exc:  # a worker that died meanwhile cannot be notified; that is fine
         level = logging.DEBUG if again else logging.INFO
         log.log(level, "slot %s: host-update notification not delivered: %s", slot, exc)

@@ -151,7 +151,7 @@ def _ints(body: bytes, what: str, count: int) -> list[int]:
 
 def host_port(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 address (``[::1]:2379``)."""
-    return f"[{host}]:{port}" if _is_ipv6(host) else f"{host}:{port}"
+    return f"[{host}]:{port}" if is_ipv6(host) else f"{host}:{port}"
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -504,7 +504,8 @@ def _opt_name(fields: dict[str, object], name: str, what: str) -> str | None:
     return value
 
 
-def _is_ipv6(host: str) -> bool:
+def is_ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 address (without brackets); False for names and IPv4."""
     try:
         return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
     except ValueError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,12 +26,19 @@ _STATIC: Final = {
 }
 
 
+class _ThreadingHTTPServer6(ThreadingHTTPServer):
+    """The same server on an IPv6 address (the standard one binds IPv4 only)."""
+
+    address_family = socket.AF_INET6
+
+
 class DashboardServer:
     """Serves one observer on ``host:port`` (port 0: a free one) from a thread of its own."""
 
     def __init__(self, observer: JobObserver, host: str, port: int) -> None:
         self.observer = observer
-        self._server = ThreadingHTTPServer((host, port), _handler(observer))
+        server = _ThreadingHTTPServer6 if ":" in host else ThreadingHTTPServer
+        self._server = server((host, port), _handler(observer))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="dashboard", daemon=True

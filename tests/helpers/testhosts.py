@@ -6,7 +6,9 @@ Layout of one :class:`TestHosts` group of N hosts::
     <prefix>-br   a namespace holding only the bridge ``br0`` and the bridge-side veth ends
                   ``port1`` .. ``portN`` (the root namespace is never touched)
     <prefix>-h1   a host: ``lo`` up and ``enp1s0`` (veth, the other end is ``port1``) with
-    ...           10.231.<k>.1/24 and fdea:a11e:d0ce:<k>::1/64 (added ``nodad``: usable at once)
+    ...           10.231.<k>.1/24 and fdea:a11e:d0ce:<k>::1/64 (added ``nodad``: usable at once);
+                  ``TestHosts(n, ipv4=False)``: IPv6-only hosts, whose interface has no IPv4
+                  address at all (``lo`` keeps 127.0.0.1, as on a real IPv6-only machine)
 
 ``<prefix>`` is ``eatns-<pid>-<n>``: the creating process and a counter, so that a group only
 ever touches namespaces it made, and :func:`remove_stale` can tell the leftovers of dead runs
@@ -192,9 +194,8 @@ def _write_hosts_file(host: Host) -> None:
     name = socket.gethostname()
     folder = NETNS_ETC / host.ns
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "hosts").write_text(
-        f"127.0.0.1 localhost\n::1 localhost\n{host.ipv4} {name}\n{host.ipv6} {name}\n"
-    )
+    own = "".join(f"{address} {name}\n" for address in host.addresses)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n{own}")
 
 
 def remove_stale() -> list[str]:
@@ -252,7 +253,7 @@ class Host:
     name: str  #: "h1", "h2", ...
     ns: str  #: the namespace, for ``ip netns exec``
     iface: str  #: the host's interface (never eth0)
-    ipv4: str
+    ipv4: str | None  #: None on an IPv6-only host
     ipv6: str
     ipv4_prefix: int
     ipv6_prefix: int
@@ -265,10 +266,17 @@ class Host:
     def address(self, family: socket.AddressFamily = socket.AF_INET) -> str:
         """The host's address of ``family`` (AF_INET or AF_INET6), without brackets."""
         if family == socket.AF_INET:
+            if self.ipv4 is None:
+                raise ValueError(f"{self.name} is an IPv6-only host: it has no IPv4 address")
             return self.ipv4
         if family == socket.AF_INET6:
             return self.ipv6
         raise ValueError(f"test hosts have IPv4 and IPv6 addresses, not {family!r}")
+
+    @property
+    def addresses(self) -> list[str]:
+        """The host's addresses on its interface: IPv4 (unless IPv6-only), then IPv6."""
+        return [address for address in (self.ipv4, self.ipv6) if address is not None]
 
     def endpoint(self, port: int, family: socket.AddressFamily = socket.AF_INET) -> str:
         """``ADDRESS:PORT``, with the IPv6 address in brackets."""
@@ -346,20 +354,23 @@ class Host:
         _ip("-n", self.ns, "neigh", "flush", "dev", self.iface, check=False)
         for peer in self.group.hosts:
             if peer is not self:
-                for address in (self.ipv4, self.ipv6):
+                for address in self.addresses:
                     _ip("-n", peer.ns, "neigh", "flush", "to", address, check=False)
 
     def _ensure_addresses(self) -> None:
         # `replace` adds an address that is missing and leaves one that is there.
-        v4 = f"{self.ipv4}/{self.ipv4_prefix}"
+        if self.ipv4 is not None:
+            v4 = f"{self.ipv4}/{self.ipv4_prefix}"
+            _ip("-n", self.ns, "addr", "replace", v4, "dev", self.iface)
         v6 = f"{self.ipv6}/{self.ipv6_prefix}"
-        _ip("-n", self.ns, "addr", "replace", v4, "dev", self.iface)
         _ip("-n", self.ns, "-6", "addr", "replace", v6, "dev", self.iface, "nodad")
 
     # -- cutting one peer --------------------------------------------------------------------
 
     def _cut_rule(self, action: str, peer: Host) -> None:
         for family, address in (("-4", peer.ipv4), ("-6", peer.ipv6)):
+            if address is None:
+                continue
             _ip(
                 *("-n", self.ns, family, "rule", action, "pref", str(CUT_RULE_PRIORITY)),
                 *("from", address, "iif", self.iface, "blackhole"),
@@ -401,11 +412,12 @@ class TestHosts:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, count: int, *, settle_timeout: float = 5.0) -> None:
+    def __init__(self, count: int, *, settle_timeout: float = 5.0, ipv4: bool = True) -> None:
         if not 1 <= count <= MAX_HOSTS:
             raise ValueError(f"count must be between 1 and {MAX_HOSTS}, not {count}")
         self.count = count
         self.settle_timeout = settle_timeout
+        self.ipv4 = ipv4  #: False: IPv6-only hosts (no IPv4 address but loopback's)
         number = next(_counter)
         self.prefix = f"{PREFIX}-{os.getpid()}-{number}"
         self.subnet = (os.getpid() * 7 + number) % 250 + 1
@@ -421,7 +433,7 @@ class TestHosts:
             name=f"h{i}",
             ns=f"{self.prefix}-h{i}",
             iface=f"enp{i}s0",
-            ipv4=str(self.ipv4_network[i]),
+            ipv4=str(self.ipv4_network[i]) if self.ipv4 else None,
             ipv6=str(self.ipv6_network[i]),
             ipv4_prefix=self.ipv4_network.prefixlen,
             ipv6_prefix=self.ipv6_network.prefixlen,

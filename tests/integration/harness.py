@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from elastic_allreduce import logprefix
+from elastic_allreduce import logprefix, shm_snapshot
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import MemberRecord, ProcRecord
 from elastic_allreduce.store import EtcdStore
@@ -153,6 +154,8 @@ class Job:
             assert not left, "processes of the job outlived SIGKILL: " + "; ".join(map(str, left))
         finally:
             self.store.close()
+            # Agents SIGKILLed here cannot remove their slots' snapshots from shared memory.
+            shutil.rmtree(Path(shm_snapshot.DEFAULT_ROOT) / self.job_id, ignore_errors=True)
 
 
 def start_job(

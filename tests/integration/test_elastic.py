@@ -292,6 +292,11 @@ def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: s
     assert "unknown job 'no-such-job'" in result.stderr
 
 
+#: Snapshots in shared memory off (elastic_allreduce.shm_snapshot): for the tests of what
+#: happens when every process dies and only the disk, or nothing, holds the state.
+NO_SNAPSHOTS = {"ELASTIC_ALLREDUCE_SNAPSHOT_ROOT": "off"}
+
+
 def kill_every_rank_after_commits(job: Job) -> None:
     """SIGKILL both training processes of a 2-worker job at once, after a dozen commits."""
     job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
@@ -310,6 +315,7 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
         *("--keep-checkpoints", "1"),
         script=EA_SCRIPT,
         script_args=TRAIN,
+        env=NO_SNAPSHOTS,
     )
     jobs.append(job)
     kill_every_rank_after_commits(job)
@@ -341,6 +347,7 @@ def test_losing_every_holder_of_the_newest_commit_is_named_and_fails_the_job_whe
         *("--workers", "2", "--max-restarts", "2", "--on-state-loss", "fail"),
         script=EA_SCRIPT,
         script_args=TRAIN,
+        env=NO_SNAPSHOTS,
     )
     jobs.append(job)
     kill_every_rank_after_commits(job)
@@ -373,6 +380,7 @@ def test_sigterm_to_the_only_holder_writes_its_last_commit_and_the_restart_resum
         *("--workers", "1", "--max-restarts", "1", "--checkpoint-dir", str(tmp_path)),
         script=EA_SCRIPT,
         script_args=(*TRAIN, "--checkpoint-every", "1000"),
+        env=NO_SNAPSHOTS,
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(1)) >= 6, 90, "commits at size 1")

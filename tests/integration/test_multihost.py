@@ -111,9 +111,14 @@ def training_pids(host: Host) -> list[int]:
 
 
 def launch(
-    hosts: TestHosts, output: Output, flags: tuple[str, ...] = (), script_args: tuple[str, ...] = ()
+    hosts: TestHosts,
+    output: Output,
+    flags: tuple[str, ...] = (),
+    script_args: tuple[str, ...] = (),
+    family: socket.AddressFamily = socket.AF_INET,
 ) -> tuple[subprocess.Popen[str], str, str]:
-    """`elastic-run run --host H0 --workers 0` on the first host; it, its etcd and job id."""
+    """`elastic-run run --host H0 --workers 0` on the first host, at its address of
+    ``family``; it, its etcd and job id."""
     job_id = fresh_job_id("mh")
     launcher = start(
         hosts[0],
@@ -122,7 +127,7 @@ def launch(
             ELASTIC_RUN,
             "run",
             "--host",
-            hosts[0].ipv4,
+            hosts[0].address(family),
             "--workers",
             "0",
             "--job-id",
@@ -306,7 +311,7 @@ def test_bad_node_input_is_one_clear_error_at_start(test_hosts: MakeTestHosts) -
 
 def test_etcd_and_nodes_on_ipv6(test_hosts: MakeTestHosts) -> None:
     """etcd listens on an IPv6 address and a bare join finds its IPv6 address by the route to
-    it; the launcher's rendezvous stays IPv4 (Horovod's Gloo rendezvous client has no IPv6)."""
+    it, while the launcher's rendezvous is on IPv4: the families may differ."""
     hosts = test_hosts(2)
     output = Output()
     etcd_proc = start(hosts[0], "etcd", [ELASTIC_RUN, "etcd", "--host", hosts[0].ipv6], output)
@@ -320,19 +325,6 @@ def test_etcd_and_nodes_on_ipv6(test_hosts: MakeTestHosts) -> None:
     output.wait_for("etcd on IPv6", serving, 30)
     etcd = found[0]
     assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
-    refused = subprocess.run(
-        [
-            *hosts[0].command([ELASTIC_RUN, "run", "--etcd", etcd, "--host", hosts[0].ipv6]),
-            "--",
-            "python",
-            EA_SCRIPT,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert refused.returncode == 2 and "is an IPv6 address: Horovod 0.28.1" in refused.stderr
     job_id = fresh_job_id("mh")
     launcher = start(
         hosts[0],
@@ -370,3 +362,80 @@ def test_etcd_and_nodes_on_ipv6(test_hosts: MakeTestHosts) -> None:
     for proc in (launcher, etcd_proc):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def interface_addresses(host: Host) -> dict[str, set[str]]:
+    """The host's addresses by family ("inet", "inet6") on every interface but loopback."""
+    shown = json.loads(host.run(["ip", "-j", "addr", "show"]).stdout)
+    found: dict[str, set[str]] = {}
+    for link in shown:
+        if link["ifname"] != "lo":
+            for info in link.get("addr_info", []):
+                found.setdefault(info["family"], set()).add(info["local"])
+    return found
+
+
+@pytest.mark.timeout(240)
+def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(netns_available: None) -> None:
+    """Every host has IPv6 addresses only: the launcher (and its etcd) on one, nodes joining
+    with a bare `join --etcd [V6]:PORT`. Horovod's own clients reach the launcher through each
+    process's local relay, Gloo's pairs connect over IPv6, and the launcher's notifications
+    reach the ranks over IPv6 (the restarted rank returns at a resize). A SIGKILLed rank's peer
+    trains on alone, the rank is restarted and rejoins, and the job finishes at size 2 with
+    equal weights."""
+    with TestHosts(3, ipv4=False) as hosts:
+        for host in hosts:
+            assert interface_addresses(host).keys() == {"inet6"}, interface_addresses(host)
+        output = Output()
+        flags = ("--min-workers", "1", "--max-workers", "2", "--max-restarts", "1")
+        dashboard = ("--metrics-port", "0")  # served on IPv6 too
+        launcher, etcd, job_id = launch(
+            hosts,
+            output,
+            (*flags, *dashboard),
+            ("--steps", "500", "--step-delay", "0.02"),
+            socket.AF_INET6,
+        )
+        assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
+        joins = {
+            host.name: start(
+                host, host.name, [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id], output
+            )
+            for host in list(hosts)[1:]
+        }
+        output.wait_for("2 ranks training", lambda: len(output.commits(2)) >= 4, 100)
+        for host in list(hosts)[1:]:
+            assert f"at {host.ipv6} (Gloo on {host.iface})" in output.text(host.name)
+        relayed = f"to [{hosts[0].ipv6}]:"
+        assert output.text().count(relayed) >= 2, output.tail()  # one relay per process
+
+        (victim,) = training_pids(hosts[2])
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        output.wait_for("its peer alone", lambda: len(output.commits(1, killed_at)) >= 1, 60)
+        output.wait_for(
+            "the restarted rank back at size 2",
+            lambda: len(output.commits(2, killed_at)) >= 2,
+            120,
+        )
+        back_after = output.commits(2, killed_at)[0][0] - killed_at
+
+        assert launcher.wait(timeout=120) == 0, output.tail()
+        for name, proc in joins.items():
+            assert proc.wait(timeout=60) == 0, f"{name}:\n{output.tail()}"
+        print(f"IPv6-only hosts: the killed rank was back at size 2 after {back_after:.1f} s")
+        launcher_log = output.text("launcher")
+        assert "restarting it (1/1)" in launcher_log, launcher_log
+        assert f"dashboard at http://[{hosts[0].ipv6}]:" in launcher_log, launcher_log
+        # The rank came back at a resize, which only a delivered notification ends in time.
+        after_kill = launcher_log.split("crashed: killed by SIGKILL", 1)[1]
+        assert "(resize): 2 ranks" in after_kill, launcher_log
+        assert "did not reach a commit in time" not in launcher_log, launcher_log
+        assert "notification not delivered" not in output.text(), output.tail()
+        done = [e for e in output.events if e[2].get("event") == "done"]
+        assert len(done) == 2, output.tail()
+        assert len({json.dumps(e[2]["checksum"]) for e in done}) == 1, done  # the same weights
+        deadline = time.monotonic() + 30
+        while any(h.pids() for h in hosts) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert_no_processes_left(hosts)

@@ -43,6 +43,8 @@ def train(state):
         time.sleep(args.step_delay)
         if state.step % args.commit_every == 0:
             state.commit()
+            # A commit line means the commit is in shared memory too (written on a thread).
+            state.wait_for_snapshot()
             emit("commit", state)
 
 

@@ -1,0 +1,68 @@
+"""Snapshots in shared memory (issue 17, item 2): a ring that died while its agents lived
+resumes from its last commit, without --checkpoint-dir."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from elastic_allreduce import shm_snapshot
+from elastic_allreduce.store import EmbeddedEtcd
+from tests.integration.harness import EA_SCRIPT, Job, start_job
+from tests.integration.test_elastic import (
+    COMMIT_EVERY,
+    TRAIN,
+    assert_consistent_finish,
+    kill_every_rank_after_commits,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    """Both training processes SIGKILLed at once, no checkpoint folder: the restarted ones load
+    their slot's snapshot (the last commit, not step 0), nothing is reported lost, the job
+    finishes with equal weights, and the agents leave no snapshot folder behind."""
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "2"),
+        script=EA_SCRIPT,
+        script_args=TRAIN,
+    )
+    jobs.append(job)
+    folder = Path(shm_snapshot.DEFAULT_ROOT) / job.job_id
+    try:
+        run_and_check(job, folder)
+    finally:
+        # A failed test's job is SIGKILLed with its agents, which then cannot clean up.
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_and_check(job: Job, folder: Path) -> None:
+    """Kill both ranks after some commits; check the resume, the finish and the cleanup."""
+    job.wait_for(lambda: len(job.commits(2)) >= 2, 90, "commits at size 2")
+    # One folder per slot, each holding the newest snapshot only (keep 1).
+    slots = sorted({e.slot for e in job.commits(2)})
+    assert sorted(p.name for p in folder.iterdir()) == slots
+    for slot in slots:
+        names = [p.name for p in (folder / slot).iterdir() if p.name.startswith("ckpt-")]
+        assert len(names) == 1, names
+    kill_every_rank_after_commits(job)
+    killed_at = max(e.data["step"] for e in job.commits(2))
+    assert job.finish() == 0, job.tail()
+    resumed = [e for e in job.events if e.data.get("event") == "resumed"]
+    assert len(resumed) == 2, job.tail()
+    # The last commit made (one more only if a rank was killed between its commit and the
+    # line that reports it, which the script prints once the snapshot is written), never step 0
+    # nor an older commit.
+    steps = {e.data["step"] for e in resumed}
+    assert max(steps) in (killed_at, killed_at + COMMIT_EVERY), (steps, killed_at)
+    assert min(steps) >= killed_at - COMMIT_EVERY, (steps, killed_at)
+    assert any("resumed from snapshot" in line for line in job.lines), job.tail()
+    assert_consistent_finish(job, 2)  # and no "state lost"
+    assert not [line for line in job.lines if "lost" in line and "launcher]" in line], job.tail()
+    assert not folder.exists(), sorted(folder.rglob("*"))
