@@ -30,6 +30,8 @@ from tests.helpers.testhosts import Host, TestHosts
 from tests.integration.conftest import MakeTestHosts, assert_no_processes_left
 from tests.integration.harness import EA_SCRIPT, ELASTIC_RUN
 
+UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
+
 pytestmark = pytest.mark.slow
 
 TTL = 3
@@ -115,7 +117,9 @@ def launch(
     output: Output,
     flags: tuple[str, ...] = (),
     script_args: tuple[str, ...] = (),
+    *,
     family: socket.AddressFamily = socket.AF_INET,
+    script: str = EA_SCRIPT,
 ) -> tuple[subprocess.Popen[str], str, str]:
     """`elastic-run run --host H0 --workers 0` on the first host, at its address of
     ``family``; it, its etcd and job id."""
@@ -137,7 +141,7 @@ def launch(
             *flags,
             "--",
             "python",
-            EA_SCRIPT,
+            script,
             *script_args,
         ],
         output,
@@ -158,15 +162,18 @@ def launch(
 
 @pytest.mark.timeout(480)
 def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
-    test_hosts: MakeTestHosts,
+    test_hosts: MakeTestHosts, tmp_path: Path
 ) -> None:
     hosts = test_hosts(4)
     output = Output()
+    # Trains until the test has seen all it needs (a stop file), not for a guessed step count.
+    stop_file = tmp_path / "stop"
     launcher, etcd, job_id = launch(
         hosts,
         output,
         ("--min-workers", "2", "--max-workers", "3", "--max-restarts", "1"),
-        ("--steps", "2000", "--step-delay", "0.03"),
+        ("--stop-file", str(stop_file), "--step-delay", "0.03"),
+        script=UNTIL_SCRIPT,
     )
     assert etcd.startswith(hosts[0].ipv4 + ":")
     joins = {
@@ -225,7 +232,8 @@ def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
     first.unblackhole(second)
     output.wait_for("both back in the ring", lambda: len(output.commits(3, restored_at)) >= 3, 120)
 
-    assert launcher.wait(timeout=240) == 0, output.tail()
+    stop_file.touch()
+    assert launcher.wait(timeout=120) == 0, output.tail()
     for name, proc in joins.items():
         assert proc.wait(timeout=60) == 0, f"{name}:\n{output.tail()}"
     print(
@@ -394,7 +402,7 @@ def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(netns_available: None) -
             output,
             (*flags, *dashboard),
             ("--steps", "500", "--step-delay", "0.02"),
-            socket.AF_INET6,
+            family=socket.AF_INET6,
         )
         assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
         joins = {
