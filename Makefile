@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup lint test test-known-bugs coverage demo chaos bench bench-quick bench-store bench-core clean \
+.PHONY: setup lint test test-known-bugs coverage demo chaos soak bench bench-quick bench-store bench-core clean \
 	kube-build kube-up kube-down test-kube
 
 setup: $(STAMP)
@@ -70,6 +70,14 @@ demo: setup
 # every digit exactly once per epoch (a few minutes on 2 cores).
 chaos: setup
 	$(BIN)/python examples/chaos.py
+
+# The same job under a seeded random schedule of 100 faults of every kind (process kills and
+# stops, leaves, joins, launcher takeover and adoption, etcd restarts, member kills, quorum loss,
+# a cut link) on test hosts, after a clean run; writes bench/results/soak.json and the Soak
+# section of bench/RESULTS.md (about 35 minutes on 2 cores; root, for network namespaces).
+# Replay a schedule: `make soak SEED=...` (FAULTS=N for a shorter one).
+soak: setup
+	$(BIN)/python -m bench.soak $(if $(SEED),--seed $(SEED)) $(if $(FAULTS),--faults $(FAULTS))
 
 # A private Kubernetes control plane for the tests (docs/kubernetes.md, "A real control plane in
 # the tests"). `kube-build` compiles etcd, kube-apiserver, kube-scheduler, kube-controller-manager

@@ -54,6 +54,14 @@ LIMITS = {
         "smaller than the rounds' own spread (see the per-round figures) is noise of a shared "
         "machine rather than a cost of the reporting."
     ),
+    "observability": (
+        "What A adds: on rank 0, a step listener that buffers four scalars per step and a "
+        "flush every few seconds on the training thread (every rank waits for it at the next "
+        "allreduce); in the launcher, the dashboard server answering one scrape a second on "
+        "the cores the workers use. A difference smaller than the rounds' own spread (see the "
+        "per-round figures) is noise of a shared machine rather than a cost of the features; "
+        "the costs timed directly say how large the cost is."
+    ),
 }
 
 
@@ -404,6 +412,144 @@ def _progress_noise(item: dict[str, Any]) -> list[str]:
     ]
 
 
+def _observability(item: dict[str, Any]) -> list[str]:
+    per_round = ", ".join(f"{r:.3f}" for r in item.get("round_ratios", []))
+    overheads = ", ".join(f"{o:+.1f} %" for o in item.get("round_overheads_pct", []))
+    cpu = item.get("cpu", {})
+    scrapes = item.get("scrapes", {})
+    per_cpu = item.get("steps_per_cpu_s", {})
+    lines = [
+        "## 10. Observability overhead",
+        "",
+        f"{item['what']}; {item['rounds']} alternating A/B rounds of "
+        f"{item['seconds_per_round']:g} s each (the order swaps every round), a fresh job per "
+        f"round. A: observed (`{item['observed_flags']}`, and a thread of the suite GETs "
+        f"`/metrics` every {item['scrape_interval_s']:g} s for the whole job, as Prometheus "
+        "would); B: neither flag, nothing scraping. Both run `hvd_steps.py --summaries`: the "
+        "script attaches rank 0's summaries (`elastic_allreduce.tensorboard`, as `ea.State` "
+        "does; without a directory they add no step listener) and passes each step's global "
+        "batch and loss to `report_step`.",
+        "",
+        *_observability_load(item),
+        *_rate_table(
+            "observability",
+            [
+                ("A: observed", item["observed"], cpu.get("on_workers"), cpu.get("on_others")),
+                (
+                    "B: not observed",
+                    item["not_observed"],
+                    cpu.get("off_workers"),
+                    cpu.get("off_others"),
+                ),
+            ],
+        ),
+        "",
+        f"Ratio of medians A / B: {item['ratio']:.3f}, overhead (1 - A/B) = "
+        f"**{item['overhead_pct']:.1f} %** (target <= {item['target_overhead_pct']:g} %: "
+        f"{_met(item['met'])}); per round A / B: {per_round} (overhead {overheads}); the "
+        f"rounds' own spread: {item['noise_pct']:.1f} %. CPU in cores during the measured "
+        "windows (the rest: launcher with its dashboard server, agents, etcd).",
+        "",
+    ]
+    if item.get("per_cpu_overhead_pct") is not None:
+        lines += [
+            f"Steps per CPU-second of the training processes, rank 0's summaries included "
+            f"(median over rounds; less sensitive to what else the machine runs): A "
+            f"{per_cpu['on']:.1f}, B {per_cpu['off']:.1f}, overhead "
+            f"{item['per_cpu_overhead_pct']:.1f} %.",
+            "",
+        ]
+    if scrapes.get("n"):
+        lines += [
+            f"What A's rounds saw: scrapes answered per round {_stat(scrapes, '', 0)} "
+            f"({item['scrape_failures']} failed); a scrape's wall time (median of each round) "
+            f"{_stat(item['scrape_wall_s'], ' s', 4)}; {item['metrics_bytes']:,.0f} bytes of "
+            "metrics; rank 0's event file at the end of each window "
+            f"{_stat(item['event_bytes'], ' bytes', 0)}.",
+            "",
+        ]
+    lines += _observability_direct(item)
+    if item["noise_pct"] > item["target_overhead_pct"]:
+        lines += [
+            f"The rounds' own spread ({item['noise_pct']:.1f} %) is larger than the target "
+            f"({item['target_overhead_pct']:g} %): in this run the A/B figure cannot tell an "
+            "overhead of that size from noise; the costs timed directly bound it.",
+            "",
+        ]
+    return lines
+
+
+def _observability_load(item: dict[str, Any]) -> list[str]:
+    """Where the rounds ran and how busy the machine was (others' work makes A/B noisy)."""
+    load, cores = item.get("load_average"), item.get("cores")
+    if not load or not cores:
+        return []
+    busy = max(load["start"], load["end"]) > cores
+    return [
+        f"Ran on this machine ({cores} cores) with a 1-minute load average of "
+        f"{load['start']:.2f} before the rounds and {load['end']:.2f} after them"
+        + (
+            f": other work kept the machine busier than its {cores} cores, so steps/s moved "
+            "from round to round with that work, not only with A or B."
+            if busy
+            else "."
+        ),
+        "",
+    ]
+
+
+def _observability_direct(item: dict[str, Any]) -> list[str]:
+    direct = item.get("direct")
+    if not direct or direct.get("overhead_pct") is None:
+        return []
+    return [
+        "Timed directly (upper bounds, loop overhead included): in a process of its own "
+        f"(bench/scripts/summaries_cost.py), rank 0's step listener "
+        f"{direct['on_step_cpu_s'] * 1e6:.1f} µs of CPU per step as the workload calls it (four "
+        "scalars buffered; the loss tensor and the optimizer's learning-rate variable read), "
+        f"{direct.get('on_step_floats_cpu_s', 0.0) * 1e6:.2f} µs when every metric is a Python "
+        "float (Keras' logs with `lr`: no tensor read); one flush of "
+        f"{direct['flush_seconds']:g} s of points at A's step rate "
+        f"({direct['points_per_flush']:,.0f} points, {direct['bytes_per_point']:.0f} bytes each "
+        f"in the event file) {direct['flush_cpu_s'] * 1e3:.2f} ms of CPU "
+        f"({direct['flush_wall_s'] * 1e3:.2f} ms of wall time); rank 0's first marker, which "
+        "creates the file and traces the write function, "
+        f"{direct['first_write_cpu_s'] * 1e3:.0f} ms once. In the suite's process, against a "
+        "launcher's dashboard server holding the metrics of a 2-rank job: one `/metrics` render "
+        f"{direct['render_cpu_s'] * 1e6:.0f} µs ({direct['render_bytes']:,.0f} bytes), one whole "
+        f"scrape (server and client) {direct['scrape_cpu_s'] * 1e3:.2f} ms.",
+        "",
+        *_table(
+            ["per second of a steady job", "CPU ms", "share of a training process's CPU"],
+            [
+                [
+                    f"rank 0: listener at {direct['steps_per_s']:.1f} steps/s + a flush every "
+                    f"{direct['flush_seconds']:g} s",
+                    f"{direct['rank0_cpu_s_per_s'] * 1e3:.2f}",
+                    f"{direct['rank0_pct']:.2f} %",
+                ],
+                [
+                    f"launcher: one scrape every {direct['scrape_interval_s']:g} s",
+                    f"{direct['launcher_cpu_s_per_s'] * 1e3:.2f}",
+                    f"{direct['launcher_pct']:.2f} %",
+                ],
+                [
+                    "both",
+                    f"{(direct['rank0_cpu_s_per_s'] + direct['launcher_cpu_s_per_s']) * 1e3:.2f}",
+                    f"**{direct['overhead_pct']:.2f} %**",
+                ],
+            ],
+        ),
+        "",
+        f"A training process uses {direct['process_cpu_s_per_s']:.2f} cores with the features "
+        f"off (B). Rank 0's flush pauses its training thread for "
+        f"{direct['flush_wall_s'] * 1e3:.1f} ms every {direct['flush_seconds']:g} s "
+        f"({direct['flush_pause_pct']:.2f} % of its time), and the other rank waits for it at "
+        "the next allreduce.",
+        "",
+    ]
+
+
 def _state(item: dict[str, Any]) -> list[str]:
     rows = []
     for model in item["models"]:
@@ -647,7 +793,25 @@ def _misses(items: dict[str, Any]) -> list[str]:
         )
         checks.append(("progress", "8. progress reporting overhead", progress["met"], figure))
     checks += _multihost_check(items.get("multihost", {}))
-    noisy = "met" in progress and progress["noise_pct"] > progress["target_overhead_pct"]
+    observability = items.get("observability", {})
+    if "met" in observability:
+        on = _s(observability["observed"].get("median"), 2)
+        off = _s(observability["not_observed"].get("median"), 2)
+        direct = observability.get("direct", {}).get("overhead_pct")
+        timed = f"; timed directly: {direct:.2f} % of a process's CPU" if direct is not None else ""
+        figure = (
+            f"{observability['overhead_pct']:.1f} % (observed {on} vs not {off} steps/s{timed}) "
+            f"vs <= {observability['target_overhead_pct']:g} %"
+        )
+        checks.append(("observability", "10. observability overhead", observability["met"], figure))
+    noisy = [
+        (number, title, item)
+        for number, title, item in (
+            ("8", "progress reporting overhead", progress),
+            ("10", "observability overhead", observability),
+        )
+        if "met" in item and item["noise_pct"] > item["target_overhead_pct"]
+    ]
     lines = ["## Targets", ""]
     lines += _table(
         ["item", "figure (elastic-run)", "target"], [[t, f, _met(m)] for _, t, m, f in checks]
@@ -656,12 +820,12 @@ def _misses(items: dict[str, Any]) -> list[str]:
     for key, title, met, _ in checks:
         if met is False:
             lines += [f"- **{title} misses its target.** {_limit(key, items)}"]
-    if noisy:
+    for number, title, item in noisy:
         lines.append(
-            f"- 8. progress reporting overhead: the rounds' own spread "
-            f"({progress['noise_pct']:.1f} %) exceeds the {progress['target_overhead_pct']:g} % "
-            "target, so the figure is within noise (see item 8"
-            + (", and the cost timed directly there)." if progress.get("direct") else ").")
+            f"- {number}. {title}: the rounds' own spread ({item['noise_pct']:.1f} %) exceeds "
+            f"the {item['target_overhead_pct']:g} % target, so the figure is within noise (see "
+            f"item {number}"
+            + (", and the cost timed directly there)." if item.get("direct") else ").")
         )
     for name, item in items.items():
         if "error" in item or "skipped" in item:
@@ -682,6 +846,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[str]]]] = {
     "allreduce": ("7. Allreduce bus bandwidth", _collectives),
     "progress": ("8. Progress reporting overhead", _progress),
     "multihost": ("9. Partition recovery and throughput on test hosts", _multihost),
+    "observability": ("10. Observability overhead", _observability),
 }
 
 
@@ -707,7 +872,8 @@ def _item_dates(results: dict[str, Any]) -> list[list[str]]:
     """A row saying which items come from which run, when a result merges several runs.
 
     ``item_runs`` (item -> ``run``: the ``started`` of the run that measured it, ``started``:
-    when the item started, ``load_average`` then, ``commit``) is written by the suite; an item
+    when the item started, ``load_average`` then, ``commit``, ``mode``: shown when it is not
+    the result's) is written by the suite (``--merge`` keeps several runs' items); an item
     without one was measured in the run of the result's own ``started``.
     """
     runs = results.get("item_runs", {})
@@ -716,12 +882,13 @@ def _item_dates(results: dict[str, Any]) -> list[list[str]]:
     for name in results["items"]:
         run = runs.get(name, {})
         source = run.get("run", results["started"])
-        started, load = run.get("started"), run.get("load_average")
+        started, load, mode = run.get("started"), run.get("load_average"), run.get("mode")
         details = [
             text
             for text in (
                 started.split(" ")[1] if started and " " in started else None,
                 f"load {load.split()[0]}" if load else None,
+                f"{mode} mode" if mode and mode != results["mode"] else None,
             )
             if text
         ]
@@ -774,6 +941,36 @@ def render_markdown(results: dict[str, Any], png_link: str | None = "results/lat
         item = items[key]
         lines += _error_section(title, item) if "error" in item else render(item)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _plot_rates(ax: Any, items: dict[str, Any]) -> None:
+    """Steps/s per A/B round: items 1 (elastic-run vs horovodrun), 8 and 10 (on vs off)."""
+    throughput = items.get("throughput", {})
+    if "elastic_run" in throughput:
+        ours, theirs = (
+            throughput["elastic_run"]["values"],
+            throughput["horovodrun_static"]["values"],
+        )
+        ax.plot(range(1, len(ours) + 1), ours, "o-", label="elastic-run")
+        ax.plot(range(1, len(theirs) + 1), theirs, "s-", label="horovodrun --gloo")
+        ax.set_title(f"1. steps/s at 2 ranks, A/B rounds (ratio {throughput['ratio']:.3f})")
+    progress = items.get("progress", {})
+    if "reporting_on" in progress:
+        on, off = progress["reporting_on"]["values"], progress["reporting_off"]["values"]
+        ax.plot(range(1, len(on) + 1), on, "^--", label="elastic-run, progress reporting on")
+        ax.plot(range(1, len(off) + 1), off, "v--", label="elastic-run, progress reporting off")
+        title = f"8. progress reporting overhead {progress['overhead_pct']:.1f} %"
+        ax.set_title("\n".join(t for t in (ax.get_title(), title) if t), fontsize=9)
+    observability = items.get("observability", {})
+    if "observed" in observability:
+        on, off = observability["observed"]["values"], observability["not_observed"]["values"]
+        ax.plot(range(1, len(on) + 1), on, "D:", label="elastic-run, observed")
+        ax.plot(range(1, len(off) + 1), off, "d:", label="elastic-run, not observed")
+        title = f"10. observability overhead {observability['overhead_pct']:.1f} %"
+        ax.set_title("\n".join(t for t in (ax.get_title(), title) if t), fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    ax.set(xlabel="round", ylabel="steps/s")
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -832,26 +1029,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set(yscale="log", ylabel="seconds")
     ax.set_title("2-4, 9. recovery / scale-up (dots: trials, bar: median)")
 
-    ax = axes[1][0]
-    throughput = items.get("throughput", {})
-    if "elastic_run" in throughput:
-        ours, theirs = (
-            throughput["elastic_run"]["values"],
-            throughput["horovodrun_static"]["values"],
-        )
-        ax.plot(range(1, len(ours) + 1), ours, "o-", label="elastic-run")
-        ax.plot(range(1, len(theirs) + 1), theirs, "s-", label="horovodrun --gloo")
-        ax.set_title(f"1. steps/s at 2 ranks, A/B rounds (ratio {throughput['ratio']:.3f})")
-    progress = items.get("progress", {})
-    if "reporting_on" in progress:
-        on, off = progress["reporting_on"]["values"], progress["reporting_off"]["values"]
-        ax.plot(range(1, len(on) + 1), on, "^--", label="elastic-run, progress reporting on")
-        ax.plot(range(1, len(off) + 1), off, "v--", label="elastic-run, progress reporting off")
-        title = f"8. progress reporting overhead {progress['overhead_pct']:.1f} %"
-        ax.set_title("\n".join(t for t in (ax.get_title(), title) if t), fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    ax.set(xlabel="round", ylabel="steps/s")
+    _plot_rates(axes[1][0], items)
 
     ax = axes[1][1]
     state = items.get("state", {})

@@ -1,11 +1,13 @@
 """The benchmark suite: elastic-run side by side with horovodrun (and MPI), in one run.
 
-    python -m bench.suite [--quick] [--items a,b,...] [--out DIR] [--markdown FILE]
+    python -m bench.suite [--quick] [--items a,b,...] [--merge] [--out DIR] [--markdown FILE]
     python -m bench.suite --render [--out DIR] [--markdown FILE]
 
 Runs the items in order (each a module of bench/items/), then writes DIR/latest.json,
-DIR/latest.png and the Markdown report (bench/RESULTS.md by default). Nothing is asserted:
-a target that is missed is reported as missed. See bench/README.md.
+DIR/latest.png and the Markdown report (bench/RESULTS.md by default). With --merge, the items
+measured replace theirs in the existing DIR/latest.json and the other items keep their figures
+(measure one item again without losing the rest). Nothing is asserted: a target that is missed
+is reported as missed. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from bench.items import (  # noqa: E402
     collectives,
     faults,
     multihost,
+    observability,
     progress,
     state,
     throughput,
@@ -55,6 +58,7 @@ ITEMS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "state": state.run,
     "progress": progress.run,
     "multihost": multihost.run,
+    "observability": observability.run,
 }
 
 
@@ -111,6 +115,21 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def merge(previous: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """``previous`` (a suite result) with the items of ``measured`` in place of its own.
+
+    The result keeps ``previous``'s date, mode, machine and versions (the report's header, and
+    the run of every item not measured again); each merged item brings its figures, its
+    duration and its ``item_runs`` entry (when it ran, the load then, the commit, the mode).
+    """
+    merged: dict[str, Any] = json.loads(json.dumps(previous))  # a deep copy
+    for key in ("items", "item_seconds", "item_runs"):
+        merged.setdefault(key, {}).update(measured.get(key, {}))
+    if "loopback" in measured:
+        merged["loopback"] = measured["loopback"]
+    return merged
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds every job's context manager: nothing is left running
 
@@ -122,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter trials (~5 min)")
     parser.add_argument(
         "--items", default=",".join(ITEMS), help=f"comma-separated, of: {', '.join(ITEMS)}"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other items of DIR/latest.json: the items measured now replace theirs",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--markdown", type=Path, default=ROOT / "bench" / "RESULTS.md")
@@ -166,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 "started": _now(),
                 "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
                 "commit": results["versions"]["elastic-allreduce"],
+                "mode": results["mode"],
             }
             try:
                 results["items"][name] = ITEMS[name](ctx)
@@ -178,8 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     if "loopback" in ctx.results:
         results["loopback"] = ctx.results["loopback"]
     results["duration_s"] = time.monotonic() - started
+    previous = args.out / "latest.json"
+    if args.merge and previous.exists():
+        results = merge(json.loads(previous.read_text()), results)
+        log(f"merged {chosen} into {previous}")
     written = report.write(results, args.out, args.markdown)
-    log(f"done in {results['duration_s'] / 60:.1f} min; wrote " + ", ".join(map(str, written)))
+    log(
+        f"done in {(time.monotonic() - started) / 60:.1f} min; wrote "
+        + ", ".join(map(str, written))
+    )
     return 0
 
 

@@ -20,8 +20,9 @@ def dense_model(params, batch, seed, optimizer):
     return model, tf.constant(features)
 
 
-def train_step_fn(model, optimizer, features, distributed_tape):
-    """A tf.function running one step on ``features``, gradients through ``distributed_tape``."""
+def train_step_fn(model, optimizer, features, distributed_tape, return_loss=False):
+    """A tf.function running one step on ``features``, gradients through ``distributed_tape``;
+    it returns the step's loss (a scalar tensor) with ``return_loss``, else nothing."""
 
     @tf.function
     def train_step():
@@ -30,5 +31,8 @@ def train_step_fn(model, optimizer, features, distributed_tape):
         tape = distributed_tape(tape)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        if return_loss:
+            return loss
+        return None
 
     return train_step

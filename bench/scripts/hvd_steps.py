@@ -6,10 +6,15 @@ prints {"event": "step", "step": S, "size": N, "rank": R} on rank-local stdout; 
 "reset"} after every re-initialisation, so a benchmark can tell where a resize spends its time.
 With --report-steps, also counts every step with elastic_allreduce.progress.report_step(step)
 (what ElasticData and the Keras feed do), as a script would for elastic-run's hang watchdog.
+With --summaries (implies --report-steps), also what ea.State does for TensorBoard: attaches
+rank 0's summaries (elastic_allreduce.tensorboard; they write only when the job has a
+--tensorboard-dir), marks the ring at the start and after every reset, and passes each step's
+global batch and loss (a scalar tensor, as a custom loop would) to report_step.
 Runs unchanged under `elastic-run`, `horovodrun` (static or elastic).
 """
 
 import argparse
+import itertools
 import json
 
 import horovod.tensorflow as hvd
@@ -26,11 +31,20 @@ parser.add_argument(
     action="store_true",
     help="call elastic_allreduce.progress.report_step(step) after every step",
 )
+parser.add_argument(
+    "--summaries",
+    action="store_true",
+    help="attach rank 0's TensorBoard summaries as ea.State does, and report each step's "
+    "samples and loss (implies --report-steps)",
+)
 args = parser.parse_args()
+args.report_steps = args.report_steps or args.summaries
 
 if args.report_steps:
     # Only the progress module: it does not import TensorFlow (or the rest of the library).
     from elastic_allreduce.progress import report_step
+if args.summaries:
+    from elastic_allreduce import tensorboard
 
 
 def emit(event, **fields):
@@ -42,15 +56,34 @@ hvd.init()
 emit("init")
 optimizer = tf.keras.optimizers.SGD(0.001)
 model, features = dense_model(args.params, args.batch, hvd.rank(), optimizer)
-train_step = train_step_fn(model, optimizer, features, hvd.DistributedGradientTape)
+train_step = train_step_fn(
+    model, optimizer, features, hvd.DistributedGradientTape, return_loss=args.summaries
+)
+# None without --summaries, or when the job has no --tensorboard-dir.
+summaries = tensorboard.attach(tensorboard.learning_rate_of(optimizer)) if args.summaries else None
+epochs = itertools.count()  # the ring epochs this process trained in, from 0
+
+
+def mark_ring(cause):
+    """Rank 0's marker at the step the ring trains from (ea.State's start and reset)."""
+    epoch = next(epochs)
+    if summaries is not None:
+        summaries.ring(rank=hvd.rank(), size=hvd.size(), epoch=epoch, step=state.step, cause=cause)
+
+
+def on_reset():
+    emit("reset")
+    mark_ring("resize")
 
 
 @hvd.elastic.run
 def train(state):
     while state.step < args.steps:
-        train_step()
+        loss = train_step()
         state.step += 1
-        if args.report_steps:
+        if args.summaries:
+            report_step(state.step, samples=args.batch * hvd.size(), metrics={"loss": loss})
+        elif args.report_steps:
             report_step(state.step)
         emit("step", step=state.step)
         if state.step % args.commit_every == 0:
@@ -58,5 +91,6 @@ def train(state):
 
 
 state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
-state.register_reset_callbacks([lambda: emit("reset")])
+state.register_reset_callbacks([on_reset])
+mark_ring(None)
 train(state)
