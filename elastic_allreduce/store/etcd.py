@@ -947,6 +947,8 @@ class _EtcdWatch(Watch):
         self._conn: http.client.HTTPConnection | None = None
         self._conn_lock = threading.Lock()
         self._endpoint_index = 0
+        #: Whether the current stream got an answer: give_up_after counts from the last one.
+        self._reconnected = False
         self._thread = threading.Thread(
             target=self._run, name=f"watch-{store.job_id}-{prefix or '*'}", daemon=True
         )
@@ -993,6 +995,7 @@ class _EtcdWatch(Watch):
         backoff = 0.05
         while not self._stop.is_set():
             endpoint = transport.endpoints[self._endpoint_index % len(transport.endpoints)]
+            self._reconnected = False
             try:
                 self._stream(endpoint)
                 down_since, backoff = None, 0.05
@@ -1031,6 +1034,8 @@ class _EtcdWatch(Watch):
                 return
             if self._stop.is_set():
                 return
+            if self._reconnected:  # that stream was up: this outage starts now, not at the last
+                down_since, backoff = None, 0.05
             now = time.monotonic()
             down_since = now if down_since is None else down_since
             if now - down_since > self._give_up_after:
@@ -1098,6 +1103,7 @@ class _EtcdWatch(Watch):
                     raise ConnectionResetError("the server closed the watch stream")
                 if line.strip():
                     self._handle(json.loads(line), token)
+                    self._reconnected = True  # the server answered: the watch is (re)created
         finally:
             with self._conn_lock:
                 self._conn = None
