@@ -1324,7 +1324,9 @@ def notes(standby_in_outages: bool) -> list[str]:
             "started again after): in development runs a standby that took the job over as "
             "etcd returned, every lease expired, saw no node, started a local node although "
             "run with `--workers 0` and restarted training from the initial state (`state "
-            "lost`). `--standby-in-outages` keeps the standby there, to reproduce it.",
+            "lost`). `--standby-in-outages` keeps the standby there (a race: the standby must "
+            "win the leader key as etcd returns, as it did in one of three development runs "
+            "with it).",
         )
     return found
 

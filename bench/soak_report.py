@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 TITLE = "## Soak"
-#: Kinds whose recovery is a new ring (the others stop no rank).
-RING_CHANGING = frozenset({"kill", "leave", "join", "partition"})
+#: Kinds whose recovery is a new ring, or may be (a hang); the others stop no rank.
+RING_CHANGING = frozenset({"kill", "stop", "leave", "join", "partition"})
 #: What each fault kind does (bench/soak.py makes them).
 KIND_TEXT = {
     "kill": "SIGKILL of a training process",
@@ -60,11 +60,11 @@ def _causes(crashes: dict[str, int] | None) -> str:
     return ", ".join(f"{cause}: {count}" for cause, count in sorted(crashes.items()))
 
 
-def _run_row(run: dict[str, Any] | None, what: str) -> str:
+def _run_row(run: dict[str, Any] | None, what: str, digits: int = 3) -> str:
     if run is None:
         return "—"
     value = run.get(what)
-    return "—" if value is None else f"{value:.3f}"
+    return "—" if value is None else f"{value:.{digits}f}"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -74,7 +74,7 @@ def render(result: dict[str, Any]) -> str:
     audit = soak["audit"]
     upkeep = soak["upkeep"]
     delta = result.get("accuracy_delta_points")
-    clean_accuracy = "no clean run" if clean is None else f"{_run_row(clean, 'accuracy')} clean"
+    clean_accuracy = "no clean run" if clean is None else f"{_run_row(clean, 'accuracy', 4)} clean"
     delta_text = "" if delta is None else f" ({delta:+.2f} points)"
     wall = soak["wall_s"] / 60
     lines = [
@@ -107,7 +107,7 @@ def render(result: dict[str, Any]) -> str:
         f"| samples lost / duplicated | {audit['missing']} / {audit['duplicated']} (sample audit "
         f"of {audit['epochs']} epochs x {work['samples']} digits"
         f"{'' if audit['complete'] else ', **not every epoch**'}) |",
-        f"| final test accuracy | {_run_row(soak, 'accuracy')} soak vs {clean_accuracy}"
+        f"| final test accuracy | {_run_row(soak, 'accuracy', 4)} soak vs {clean_accuracy}"
         f"{delta_text} |",
         f"| goodput | {_run_row(soak, 'goodput')} soak vs {_run_row(clean, 'goodput')} clean "
         f"({soak.get('steps_kept', 0)} steps kept of {soak.get('steps_run', 0)} run) |",
@@ -131,7 +131,9 @@ def render(result: dict[str, Any]) -> str:
         "| kind | fault | n | recovered | recovery median (s) | max (s) | also (median / max, s) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for kind, figures in result["kinds"].items():
+    kinds = result["kinds"]
+    for kind in [*(k for k in KIND_TEXT if k in kinds), *(k for k in kinds if k not in KIND_TEXT)]:
+        figures = kinds[kind]
         median, maximum = _summary(figures["recovery_s"])
         also = "; ".join(
             f"{DETAIL_TEXT.get(key, key)} {_s(s.get('median'))} / {_s(s.get('max'))}"

@@ -995,6 +995,8 @@ class _EtcdWatch(Watch):
         backoff = 0.05
         while not self._stop.is_set():
             endpoint = transport.endpoints[self._endpoint_index % len(transport.endpoints)]
+            # The last stream got an answer (it went idle, or failed below): no outage so far.
+            down_since, backoff = self._since_answer(down_since, backoff)
             self._reconnected = False
             try:
                 self._stream(endpoint)
@@ -1034,8 +1036,8 @@ class _EtcdWatch(Watch):
                 return
             if self._stop.is_set():
                 return
-            if self._reconnected:  # that stream was up: this outage starts now, not at the last
-                down_since, backoff = None, 0.05
+            # That stream got an answer before it failed: an outage starts now.
+            down_since, backoff = self._since_answer(down_since, backoff)
             now = time.monotonic()
             down_since = now if down_since is None else down_since
             if now - down_since > self._give_up_after:
@@ -1049,6 +1051,11 @@ class _EtcdWatch(Watch):
             self._endpoint_index += 1
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 1.0)
+
+    def _since_answer(self, down_since: float | None, backoff: float) -> tuple[float | None, float]:
+        """The outage's start and the backoff, both reset when the last stream got an answer:
+        ``give_up_after`` counts one outage, not the sum of those the watch lived through."""
+        return (None, 0.05) if self._reconnected else (down_since, backoff)
 
     def _stream(self, endpoint: Endpoint) -> None:
         """Open one watch stream and pump its events until it ends (raises on any failure)."""

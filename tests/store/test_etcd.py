@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -12,7 +14,9 @@ from etcd3gw import exceptions as etcd3gw_exceptions
 
 from elastic_allreduce.errors import ConfigError, StoreUnavailableError
 from elastic_allreduce.store import EmbeddedEtcd, Endpoint, EtcdStore, EventType, parse_endpoints
+from elastic_allreduce.store.api import Watch
 from elastic_allreduce.store.embedded import free_port
+from elastic_allreduce.store.etcd import _EtcdWatch
 from elastic_allreduce.store.latest import LatestValueWriter
 from tests.conftest import StoreFactory, fresh_job_id
 from tests.store.test_contract import next_event
@@ -86,6 +90,45 @@ def test_a_watch_gives_up_only_after_one_outage_as_long_as_its_limit(
     # Both outages together lasted longer than the limit: the watch still lives.
     revision = writer.put("members/last", "x")
     assert next_event(watch, timeout=20).revision == revision
+
+
+def test_a_watch_counts_an_outage_from_its_start_after_a_stream_went_idle(
+    private_etcd: EmbeddedEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by `make soak` too: a stream that had answered and then went idle (a stopped member
+    # sends nothing) was reopened without the count starting again, so the next attempt that
+    # got no answer gave up at once, counting from an outage long over.
+    monkeypatch.setattr(_EtcdWatch, "IDLE_REOPEN_S", 0.5)
+    job = fresh_job_id()
+    store = EtcdStore(private_etcd.endpoints_text, job, request_timeout=1.0)
+    writer = EtcdStore(private_etcd.endpoints_text, job)
+    try:
+        watch = store.watch_prefix("members/", give_up_after=4.0)
+        private_etcd.kill()  # an earlier outage, shorter than the limit
+        _quiet(watch, 2.0)
+        private_etcd.restart()
+        revision = writer.put("members/a", 1)
+        assert next_event(watch, timeout=20).revision == revision
+        _quiet(watch, 2.5)  # the limit has passed since that outage began
+        pid = private_etcd.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # the stream goes idle; the next one gets no answer
+        try:
+            _quiet(watch, 2.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        revision = writer.put("members/b", 2)
+        assert next_event(watch, timeout=20).revision == revision
+    finally:
+        store.close()
+        writer.close()
+
+
+def _quiet(watch: Watch, seconds: float) -> None:
+    """No event and no error for ``seconds``."""
+    since = time.monotonic()
+    while time.monotonic() - since < seconds:
+        assert watch.get(0.2) is None
 
 
 def test_watch_resyncs_with_a_full_listing_after_compaction(
