@@ -9,17 +9,19 @@ The agent runs every training process through this module, which
    its epoch starts it reaches ``hvd.init()`` in moments;
 3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
    Horovod's rank variables and ``HOROVOD_ELASTIC=1`` (re-initialisations then ask the launcher);
-   a launcher on an IPv6 address, which Horovod's own clients cannot reach, is reached through a
-   relay of this process on IPv4 loopback (:mod:`elastic_allreduce.ipv6`);
+   every client of the process, Horovod's included, reaches the launcher through a relay of
+   the process on IPv4 loopback that adds the launcher's token (and reaches an IPv6 launcher,
+   which Horovod's own clients cannot: :mod:`elastic_allreduce.rendezvous.relay`); the process
+   follows a launcher that takes the job over, also while it waits for its first epoch;
 4. starts a guard thread that, when the launcher re-forms the ring after a failure while this
    process has not yet asked for its new rank, shuts down Gloo's connections of the failed
    epoch (those that ``hvd.init()`` opened; the script's own connections stay): a Gloo
    collective waiting on a peer that already gave up then fails at once instead of after
    Gloo's timeout;
 5. starts the progress beacon (:mod:`elastic_allreduce.progress`): about once a second it tells
-   the launcher's hang watchdog how far this process got, and sends its stacks when asked; and
-   follows the launcher to a new address when another one takes the job over
-   (:mod:`elastic_allreduce.follow`);
+   the launcher's hang watchdog how far this process got, and sends its stacks when asked (the
+   relay follows the launcher to a new address when another one takes the job over:
+   :mod:`elastic_allreduce.follow`);
 6. installs :mod:`elastic_allreduce.hooks` into Horovod's elastic API (state syncs agree on the
    state's shape first; a slot removed from the ring exits quietly at its reset; every
    ``hvd.init()`` tells the guard which connections are Gloo's);
@@ -39,6 +41,7 @@ import traceback
 import urllib.request
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from http.client import HTTPException
 from typing import Final
 
 from elastic_allreduce import env, ipv6
@@ -49,7 +52,6 @@ from elastic_allreduce.errors import (
     StoreError,
 )
 from elastic_allreduce.follow import LeaderFollower, capture_registration, each_record
-from elastic_allreduce.ipv6 import HorovodRendezvous
 from elastic_allreduce.progress import REPORT_INTERVAL, Beacon
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import (
@@ -62,6 +64,7 @@ from elastic_allreduce.records.values import (
     RingState,
 )
 from elastic_allreduce.rendezvous import protocol
+from elastic_allreduce.rendezvous.relay import HorovodRendezvous
 from elastic_allreduce.store import EtcdStore, Lease, Watch
 
 log = logging.getLogger("elastic_allreduce.bootstrap")
@@ -335,10 +338,29 @@ def _progress_interval() -> float:
     return env.seconds(env.PROGRESS_INTERVAL, REPORT_INTERVAL, below=3600, hint=hint)
 
 
-def _wait_for_first_epoch(rendezvous: str, slot: str) -> protocol.Admission:
-    url = protocol.ready_url(rendezvous, slot)
-    with urllib.request.urlopen(url, timeout=None) as reply:  # noqa: S310 - always http://
-        return protocol.decode_admission(reply.read())
+#: Seconds a fresh process waits for a new launcher when the one it waited at went away.
+FOLLOW_TIMEOUT: Final = 60.0
+
+
+def _wait_for_first_epoch(follower: LeaderFollower, relay: str, slot: str) -> protocol.Admission:
+    """Wait at the launcher's readiness barrier (through the relay) for this slot's first
+    epoch; when the launcher goes away meanwhile and another takes the job over, wait again at
+    the new one's (the relay follows it)."""
+    url = protocol.ready_url(relay, slot)
+    while True:
+        asked = follower.endpoint
+        try:
+            with urllib.request.urlopen(url, timeout=None) as reply:  # noqa: S310 - http://
+                return protocol.decode_admission(reply.read())
+        except (OSError, HTTPException) as exc:
+            if not follower.wait_for_move(asked, FOLLOW_TIMEOUT):
+                raise
+            log.info(
+                "the launcher at %s went away while this process waited (%s); waiting at the "
+                "new one",
+                asked.address,
+                exc,
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -366,8 +388,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     host = _required(env.HOROVOD_RENDEZVOUS_ADDR)
     port = int(_required(env.HOROVOD_RENDEZVOUS_PORT))
-    rendezvous = protocol.host_port(host, port)
-    admission = _wait_for_first_epoch(rendezvous, slot)
+    # The token stays out of the script's environment (and its children's).
+    endpoint = protocol.Endpoint(
+        protocol.host_port(host, port), os.environ.pop(env.RENDEZVOUS_TOKEN, None)
+    )
+    # Every client of this process -- Horovod's and its own -- reaches the launcher through
+    # the relay, which adds the launcher's token and follows a launcher that takes over.
+    horovod_rendezvous = HorovodRendezvous()
+    follower = LeaderFollower(store, slot, endpoint, horovod_rendezvous)
+    follower.start(store)
+    relay = horovod_rendezvous.relay
+    assert relay is not None  # made by follower.start
+    admission = _wait_for_first_epoch(follower, relay.address, slot)
     if not admission.admitted:
         print(f"slot {slot}: not admitted to any ring epoch; exiting", file=sys.stderr)
         return NOT_ADMITTED_EXIT_CODE
@@ -380,21 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         replace(registration.record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
     )
 
-    # Horovod's clients reach an IPv6 launcher through a relay of this process (ipv6 module).
-    horovod_rendezvous = HorovodRendezvous()
-    horovod_rendezvous.point(rendezvous)
     if protocol.is_ipv6(host):
         ipv6.serve_notifications_over_ipv6(host, port)
-    relay = horovod_rendezvous.relay
-    relay_ports = () if relay is None else (relay.port,)
-    gloo = GlooSockets(
-        {port, *relay_ports, *(endpoint.port for endpoint in store.endpoints)}, relay_ports
-    )
+    gloo = GlooSockets({port, relay.port, *(etcd.port for etcd in store.endpoints)}, (relay.port,))
     guard = RingGuard(store, slot, admission.epoch, gloo)
     guard.start()
-    follower = LeaderFollower(store, slot, rendezvous, horovod_rendezvous)
-    follower.start(store)
-    Beacon(follower.address, slot, record.incarnation, _progress_interval()).start()
+    Beacon(relay.address, slot, record.incarnation, _progress_interval()).start()
     capture_registration()
     from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 

@@ -68,6 +68,9 @@ OUTAGE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_OUTAGE_TIMEOUT"
 RING_EPOCH: Final = "ELASTIC_ALLREDUCE_RING_EPOCH"
 
 #: Horovod's own variables that the agent and bootstrap set.
+#: The launcher's rendezvous token, for a training process (it removes it from its
+#: environment before the script runs).
+RENDEZVOUS_TOKEN: Final = "ELASTIC_ALLREDUCE_RENDEZVOUS_TOKEN"  # noqa: S105 - a name
 HOROVOD_RENDEZVOUS_ADDR: Final = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 HOROVOD_RENDEZVOUS_PORT: Final = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 HOROVOD_HOSTNAME: Final = "HOROVOD_HOSTNAME"

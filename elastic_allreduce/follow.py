@@ -1,14 +1,14 @@
 """A training process follows the job's launcher to a new address.
 
 When a standby or a restarted launcher takes a job over, it serves the rendezvous at its own
-address and writes that into ``launcher/leader``. The ranks go on training meanwhile: they need
-no launcher to step, only to change members. :class:`LeaderFollower` watches the record and,
-when the address changes,
+address, with a token of its own, and writes both into ``launcher/leader``. The ranks go on
+training meanwhile: they need no launcher to step, only to change members.
+:class:`LeaderFollower` watches the record and, when the rendezvous changes,
 
-- points Horovod at it: ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` / ``_PORT`` in the environment, which
-  the next ``hvd.init()`` (at a reset) reads -- for an IPv6 launcher they name this process's
-  relay, which is re-pointed instead (:class:`elastic_allreduce.ipv6.HorovodRendezvous`);
-- moves the progress beacon to it (:attr:`LeaderFollower.address` is what the beacon reads);
+- re-points this process's relay (:class:`elastic_allreduce.rendezvous.relay.HorovodRendezvous`),
+  which Horovod's clients (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` / ``_PORT``, read by the next
+  ``hvd.init()`` at a reset) and the process's own (readiness, progress) reach the launcher
+  through, so that the next connection goes to the new launcher with its token;
 - registers the process's notification service with it again. Horovod registers that service
   once, with the first launcher (``WorkerNotificationManager.init``); without it a new launcher
   could not tell the ranks that the ring grows. :func:`capture_registration` keeps what Horovod
@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ElasticAllreduceError, StoreError
-from elastic_allreduce.ipv6 import HorovodRendezvous
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import LeaderRecord
+from elastic_allreduce.rendezvous.protocol import Endpoint
+from elastic_allreduce.rendezvous.relay import HorovodRendezvous
 from elastic_allreduce.store import EventType, Store, Watch
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,8 @@ def capture_registration() -> None:
 
 
 def register_again(host: str, port: int) -> bool:
-    """Send the kept registration to the launcher's rendezvous at ``host:port`` as Horovod
-    reaches it (its relay for an IPv6 launcher: Horovod's client puts no brackets around an
-    IPv6 address); whether one was sent."""
+    """Send the kept registration to the launcher's rendezvous through this process's relay at
+    ``host:port``, as Horovod does; whether one was sent."""
     from horovod.runner.elastic.rendezvous import PUT_WORKER_ADDRESSES  # noqa: PLC0415
 
     with _registration_lock:
@@ -100,32 +100,41 @@ def each_record(
 
 
 class LeaderFollower:
-    """Watches ``launcher/leader`` and follows its rendezvous address (module docstring)."""
+    """Watches ``launcher/leader`` and follows its rendezvous (module docstring)."""
 
     def __init__(
-        self, store: Store, slot: str, address: str, horovod: HorovodRendezvous | None = None
+        self, store: Store, slot: str, endpoint: Endpoint, horovod: HorovodRendezvous
     ) -> None:
         self._slot = slot
-        #: Points Horovod's own clients at the launcher (directly, or through a relay).
-        self._horovod = horovod or HorovodRendezvous()
-        self._lock = threading.Lock()
-        self._address = address
+        #: The relay this process's clients reach the launcher through.
+        self._horovod = horovod
+        self._changed = threading.Condition()
+        self._endpoint = endpoint
         self._stop = threading.Event()
         self._watch: Watch = store.watch_prefix(keys.LEADER)
         self._thread = threading.Thread(target=self._run, name=f"follow-{slot}", daemon=True)
 
-    def address(self) -> str:
-        """The launcher's rendezvous address as this process knows it now."""
-        with self._lock:
-            return self._address
+    @property
+    def endpoint(self) -> Endpoint:
+        """The launcher's rendezvous as this process knows it now."""
+        with self._changed:
+            return self._endpoint
+
+    def wait_for_move(self, since: Endpoint, timeout: float) -> bool:
+        """Wait until the process follows another rendezvous than ``since`` (a new launcher);
+        whether it does within ``timeout`` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._endpoint != since, timeout)
 
     def start(self, store: Store | None = None) -> None:
-        """Start following (with ``store``: from the leader record as it is now)."""
+        """Point the relay at the rendezvous and start following (with ``store``: from the
+        leader record as it is now)."""
+        self._horovod.point(self._endpoint.address, self._endpoint.token)
         if store is not None:
             current = store.get(keys.LEADER)
             with contextlib.suppress(ElasticAllreduceError):
                 if current is not None:
-                    moved = LeaderRecord.from_json(current.key, current.value).rendezvous
+                    moved = LeaderRecord.from_json(current.key, current.value).endpoint()
                     if moved is not None:
                         self.follow(moved)
         self._thread.start()
@@ -140,17 +149,28 @@ class LeaderFollower:
         )
 
     def _on_leader(self, record: LeaderRecord) -> None:
-        if record.rendezvous is not None:
-            self.follow(record.rendezvous)
+        endpoint = record.endpoint()
+        if endpoint is not None:
+            self.follow(endpoint)
 
-    def follow(self, address: str) -> None:
-        """Point Horovod, the beacon and the notification service at ``address``."""
-        with self._lock:
-            if address == self._address:
+    def follow(self, endpoint: Endpoint) -> None:
+        """Point the relay (Horovod, the beacon) and the notification service at ``endpoint``."""
+        with self._changed:
+            if endpoint == self._endpoint:
                 return
-            self._address = address
+            try:
+                host, port = self._horovod.point(endpoint.address, endpoint.token)
+            except (OSError, ElasticAllreduceError) as exc:
+                log.warning(
+                    "slot %s: ignoring the launcher's rendezvous %r: %s",
+                    self._slot,
+                    endpoint.address,
+                    exc,
+                )
+                return
+            self._endpoint = endpoint
+            self._changed.notify_all()
         try:
-            host, port = self._horovod.point(address)
             registered = register_again(host, port)
         except (OSError, RuntimeError, ElasticAllreduceError) as exc:
             log.warning("slot %s: could not register with the new launcher: %s", self._slot, exc)
@@ -158,6 +178,6 @@ class LeaderFollower:
         log.info(
             "slot %s: the job's launcher moved to %s%s",
             self._slot,
-            address,
+            endpoint.address,
             "; registered with it" if registered else "",
         )

@@ -60,6 +60,7 @@ from elastic_allreduce.records.values import (
     from_leader,
 )
 from elastic_allreduce.rendezvous.protocol import (
+    Endpoint,
     NodeStanding,
     base_url,
     split_host_port,
@@ -73,6 +74,9 @@ from launcher.probes import ProbeListener, Prober
 log = logging.getLogger(__name__)
 
 _TAIL_LINES: Final = 20
+#: Seconds beyond two lease TTLs a starting node waits for an unreachable launcher to be
+#: replaced (a takeover) before it says that the launcher cannot be reached from this host.
+REACHABLE_GRACE: Final = 5.0
 _LEAVE: Final = "leave"
 
 #: Seconds a training process may stay stopped before its agent kills it as hung.
@@ -302,10 +306,12 @@ class Agent:
                 return 0
             if not rejoining:
                 try:
-                    check_reachable(rendezvous)
+                    rendezvous = self._reachable_launcher(cache, rendezvous)
                 except ConfigError:
                     lease.revoke()
                     raise
+                if rendezvous is None:
+                    return 0
             for index, incarnation in self._desired.items():
                 if incarnation > 0:
                     self._start(index, incarnation, rendezvous)
@@ -392,13 +398,14 @@ class Agent:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._events.put(_LEAVE)
 
-    def _wait_for_launcher(self, cache: PrefixCache) -> str | None:
-        """The rendezvous address, or None if the node was asked to leave first (SIGTERM)."""
+    def _wait_for_launcher(self, cache: PrefixCache) -> Endpoint | None:
+        """The launcher's rendezvous, or None if the node was asked to leave first (SIGTERM)."""
         deadline = time.monotonic() + self.settings.start_timeout
         while not self._leaving:
             leader = self._job(cache).leader
-            if leader is not None and leader.record.rendezvous is not None:
-                return leader.record.rendezvous
+            endpoint = None if leader is None else leader.record.endpoint()
+            if endpoint is not None:
+                return endpoint
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ConfigError(
@@ -408,9 +415,40 @@ class Agent:
             self._handle(cache, drain(self._events, timeout=min(remaining, 1.0)))
         return None
 
+    def _reachable_launcher(self, cache: PrefixCache, rendezvous: Endpoint) -> Endpoint | None:
+        """The launcher's rendezvous once it answers from this host (None if the node was
+        asked to leave first). A launcher that is gone is followed to the one that takes the
+        job over (its leader key lapses within a lease TTL, then a standby or a restarted `run`
+        writes its own), so only a rendezvous that stays unreachable is a ConfigError."""
+        deadline = time.monotonic() + 2 * self.settings.lease_ttl + REACHABLE_GRACE
+        while True:
+            try:
+                check_reachable(rendezvous)
+                return rendezvous
+            except ConfigError:
+                failed = rendezvous
+            while rendezvous == failed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    check_reachable(rendezvous)  # the last word: its error, or it answers now
+                    return rendezvous
+                self._handle(cache, drain(self._events, timeout=min(remaining, 1.0)))
+                if self._leaving:
+                    return None
+                leader = self._job(cache).leader
+                moved = None if leader is None else leader.record.endpoint()
+                rendezvous = moved or failed
+            log.info(
+                "[%s node %s] the launcher changed while this node started; its rendezvous is "
+                "at %s",
+                self.settings.job_id,
+                self.settings.node_id,
+                rendezvous.address,
+            )
+
     # -- the loop ----------------------------------------------------------------------------
 
-    def _serve(self, cache: PrefixCache, rendezvous: str) -> int | None:
+    def _serve(self, cache: PrefixCache, rendezvous: Endpoint) -> int | None:
         node = self.settings.node_id
         changed = True
         while True:
@@ -456,21 +494,21 @@ class Agent:
             changed = self._handle(cache, drain(self._events, timeout=self._wait_time()))
             self._kill_stopped()
 
-    def _follow_leader(self, job: JobSnapshot, rendezvous: str) -> str:
-        """The launcher's rendezvous address now (a new launcher took the job over: its own),
-        and since when the job has had none."""
+    def _follow_leader(self, job: JobSnapshot, rendezvous: Endpoint) -> Endpoint:
+        """The launcher's rendezvous now (a new launcher took the job over: its own), and since
+        when the job has had none."""
         if job.leader is None:
             self._leaderless_since = self._leaderless_since or time.monotonic()
             return rendezvous
         self._leaderless_since = None
-        moved = job.leader.record.rendezvous
+        moved = job.leader.record.endpoint()
         if moved is None or moved == rendezvous:
             return rendezvous
         log.info(
             "[%s node %s] a new launcher leads the job; its rendezvous is at %s",
             self.settings.job_id,
             self.settings.node_id,
-            moved,
+            moved.address,
         )
         return moved
 
@@ -493,7 +531,7 @@ class Agent:
         self._procs.clear()
         return True
 
-    def _ride_out(self, lease: Lease, rendezvous: str) -> bool:
+    def _ride_out(self, lease: Lease, rendezvous: Endpoint) -> bool:
         """The lease could not be renewed for its TTL, or etcd let it expire: whether the node
         carries on. It does when the launcher still counts it (etcd was away for everyone);
         an expired lease is then replaced and the member record written again."""
@@ -668,7 +706,7 @@ class Agent:
         except StoreError as exc:
             log.warning("%s could not record the unreachable peers: %s", prefix, exc)
 
-    def _apply(self, directive: Directive, rendezvous: str) -> None:
+    def _apply(self, directive: Directive, rendezvous: Endpoint) -> None:
         self._desired = {i: directive.get(i) for i in range(self.settings.nproc_per_node)}
         for index, incarnation in self._desired.items():
             proc = self._procs.get(index)
@@ -686,12 +724,15 @@ class Agent:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def _start(self, index: int, incarnation: int, rendezvous: str) -> None:
+    def _start(self, index: int, incarnation: int, rendezvous: Endpoint) -> None:
         self._started[index] = incarnation
         settings = self.settings
         slot = slot_id(settings.node_id, index)
-        address, port = split_host_port(rendezvous)
+        address, port = split_host_port(rendezvous.address)
         child_env = dict(os.environ)
+        child_env.pop(env.RENDEZVOUS_TOKEN, None)
+        if rendezvous.token is not None:
+            child_env[env.RENDEZVOUS_TOKEN] = rendezvous.token
         child_env.update(
             {
                 env.ETCD_ENDPOINTS: settings.etcd,
@@ -827,33 +868,38 @@ def _leaving(key: str, value: JsonValue) -> bool:
         return False
 
 
-def check_reachable(rendezvous: str, timeout: float = 5.0) -> None:
+def check_reachable(rendezvous: Endpoint, timeout: float = 5.0) -> None:
     """ConfigError unless the launcher's rendezvous answers HTTP from this host (any status:
     a key that does not exist is enough)."""
-    url = base_url(rendezvous) + "/elastic-run/reachable"
+    url = base_url(rendezvous.address) + "/elastic-run/reachable"
+    request = urllib.request.Request(url, headers=rendezvous.headers())  # noqa: S310 - http://
     try:
-        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - always http://
+        with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 - always http://
             return
     except urllib.error.HTTPError:
         return  # it answered
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"the launcher's rendezvous at {rendezvous} cannot be reached from this host "
+            f"the launcher's rendezvous at {rendezvous.address} cannot be reached from this host "
             f"({exc}): start the job with `elastic-run run --host ADDRESS`, ADDRESS being "
             "one of the launcher machine's addresses that this host can reach"
         ) from exc
 
 
-def ask_standing(rendezvous: str, node: str, timeout: float = 1.0) -> NodeStanding | None:
+def ask_standing(rendezvous: Endpoint, node: str, timeout: float = 1.0) -> NodeStanding | None:
     """The launcher's answer whether it counts ``node`` as a member; None when it cannot be
     reached or answers nonsense (both mean: treat the node as cut off)."""
-    url = standing_url(rendezvous, node)
+    url = standing_url(rendezvous.address, node)
+    request = urllib.request.Request(url, headers=rendezvous.headers())  # noqa: S310 - http://
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 - http://
+        with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 - http://
             return NodeStanding.decode(reply.read(64))
     except (OSError, ProtocolError) as exc:
         log.info(
-            "launcher at %s did not say whether node %s is a member: %s", rendezvous, node, exc
+            "launcher at %s did not say whether node %s is a member: %s",
+            rendezvous.address,
+            node,
+            exc,
         )
         return None
 

@@ -49,7 +49,7 @@ from elastic_allreduce.records.values import (
     RanksRecord,
     RingState,
 )
-from elastic_allreduce.rendezvous.protocol import Admission, Commit, host_port
+from elastic_allreduce.rendezvous.protocol import Admission, Commit, host_port, new_token
 from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.agent import NodeTemplate
@@ -308,10 +308,12 @@ class Launcher:
         self._inbox.put(_Stop(reason))
 
     def _lead(self, lease: Lease, adopted: bool) -> JobResult:
-        port = self.rendezvous.start()
+        # A new token for every launcher: only what reads the job's keys can use its rendezvous.
+        token = new_token()
+        port = self.rendezvous.start(self.settings.rendezvous_host, token)
         rendezvous = host_port(self.settings.rendezvous_host, port)
         dashboard = self._serve_dashboard()
-        self._leader_record = LeaderRecord(rendezvous, dashboard)
+        self._leader_record = LeaderRecord(rendezvous, dashboard, token)
         self.store.put(keys.LEADER, self._leader_record.to_json(), lease=lease)
         self._write(
             keys.JOB_STATUS, lambda: JobStatus(JobPhase.RUNNING, None, self._stamp()).to_json()

@@ -18,25 +18,33 @@ reply encodings are defined there, once, for this server and its clients):
 
 Everything else is Horovod's key-value store for Gloo's own rendezvous, cleared when an epoch
 starts.
+
+Every request must carry the launcher's token (``protocol.TOKEN_HEADER``); one without it, or
+with another, is answered 403, logged with the sender's address, and changes nothing. The
+server listens on the address the launcher advertises only. Host-update notifications are
+signed with the worker's own key (Horovod's wire format); the worker's acknowledgement is read
+with a loader that accepts Horovod's acknowledgement and nothing else (Horovod's own reader
+unpickles whatever a registered address answers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import logging
+import pickle
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from horovod.runner.common.util import secret
 from horovod.runner.common.util.network import AckResponse, Wire
-from horovod.runner.elastic.worker import (
-    HostsUpdatedRequest,
-    HostUpdateResult,
-    WorkerNotificationClient,
-)
+from horovod.runner.elastic.worker import HostsUpdatedRequest, HostUpdateResult
 from horovod.runner.http.http_server import (
     BAD_REQUEST,
     OK,
@@ -125,6 +133,9 @@ class ReadinessBoard:
             self._cond.notify_all()
 
 
+#: The answer to a request without the launcher's token.
+FORBIDDEN: Final = 403
+
 #: Seconds between re-sends of an unacknowledged notification, and how long to keep trying.
 RESEND_INTERVAL: Final = 1.0
 RESEND_FOR: Final = 60.0
@@ -157,6 +168,8 @@ class RendezvousService:
         self._pending: dict[str, _Pending] = {}
         self._clients_lock = threading.Lock()
         self.port = 0
+        #: What every request must carry in ``protocol.TOKEN_HEADER`` (set by :meth:`start`).
+        self.token: str | None = None
         #: The launcher's answer to ``node_standing`` (set by its loop; read by server threads).
         self.members: frozenset[str] = frozenset()
         self.epoch = 0
@@ -165,9 +178,11 @@ class RendezvousService:
         """Whether the launcher counts ``node`` as a member now (see :attr:`members`)."""
         return protocol.NodeStanding(self.epoch, node in self.members)
 
-    def start(self) -> int:
-        """Start serving on a free port of all interfaces, IPv4 and IPv6; return the port."""
-        httpd = self._httpd = _listen(_make_handler(self))
+    def start(self, host: str, token: str) -> int:
+        """Start serving on a free port of ``host`` (the address workers are told), answering
+        only requests that carry ``token``; return the port."""
+        self.token = token
+        httpd = self._httpd = _listen(host, _make_handler(self))
         self.port = int(httpd.server_address[1])
         httpd.init([])
         self._thread = threading.Thread(
@@ -239,37 +254,64 @@ class RendezvousService:
         ).start()
 
 
-class _DualStackHTTPServer(RendezvousHTTPServer):  # type: ignore[misc]
-    """Horovod's rendezvous HTTP server on ``[::]``: IPv6 and (mapped) IPv4 clients; Horovod
-    binds IPv4 only, which a launcher on an IPv6 address cannot use."""
+class _IPv6HTTPServer(RendezvousHTTPServer):  # type: ignore[misc]
+    """Horovod's rendezvous HTTP server on an IPv6 address (Horovod's binds IPv4 only)."""
 
     address_family = socket.AF_INET6
 
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
 
-
-def _listen(handler: type[RendezvousHandler]) -> RendezvousHTTPServer:
-    """The rendezvous server bound to a free port of every address: both families where this
-    host has IPv6, else IPv4 only (as Horovod's own)."""
-    try:
-        return _DualStackHTTPServer(("", 0), handler, 0)
-    except OSError as exc:  # IPv6 disabled in this kernel
-        log.debug("rendezvous: no IPv6 socket (%s); serving IPv4 only", exc)
-        return RendezvousHTTPServer(("", 0), handler, 0)
+def _listen(host: str, handler: type[RendezvousHandler]) -> RendezvousHTTPServer:
+    """The rendezvous server bound to a free port of ``host`` only."""
+    server = _IPv6HTTPServer if protocol.is_ipv6(host) else RendezvousHTTPServer
+    return server((host, 0), handler, 0)
 
 
 #: Seconds a host-update notification may take to connect and be acknowledged, per address.
 NOTIFY_TIMEOUT: Final = 20.0
+#: The largest acknowledgement read from a worker's notification service.
+_MAX_REPLY: Final = 4096
+
+
+_ACK: Final[type] = AckResponse
+
+
+class _AckUnpickler(pickle.Unpickler):
+    """Loads Horovod's acknowledgement (``AckResponse``, an empty object) and refuses every
+    other class or function before anything runs."""
+
+    def find_class(self, module: str, name: str) -> type:
+        if (module, name) == (_ACK.__module__, _ACK.__name__):
+            return _ACK
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: only an acknowledgement")
+
+
+def read_ack(rfile: io.BufferedIOBase, key: bytes) -> None:
+    """Read a worker's answer to a notification in Horovod's wire format (an HMAC of the
+    message with the worker's key, the length, the pickled message); ProtocolError unless it
+    is a correctly signed ``AckResponse``."""
+    digest = rfile.read(secret.DIGEST_LENGTH)
+    size = rfile.read(4)
+    length = struct.unpack("i", size)[0] if len(size) == 4 else 0  # native order, as Horovod's
+    if len(digest) != secret.DIGEST_LENGTH or not 0 < length <= _MAX_REPLY:
+        raise ProtocolError(f"not an acknowledgement (length {length})")
+    message = rfile.read(length)
+    if len(message) != length or not secret.check_digest(key, message, digest):
+        raise ProtocolError("an acknowledgement whose signature does not match")
+    try:
+        reply = _AckUnpickler(io.BytesIO(message)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
+        raise ProtocolError(f"not an acknowledgement: {exc}") from None
+    if not isinstance(reply, AckResponse):
+        raise ProtocolError(f"answered {reply!r:.60} instead of an acknowledgement")
 
 
 def _notify_any_family(
     worker: WorkerAddresses, timestamp: int, update: HostUpdateResult, timeout: float
 ) -> None:
     """Send a host-update notification to the first of ``worker``'s addresses that takes it,
-    in Horovod's wire format (signed with the worker's key), over IPv4 or IPv6: Horovod's
-    client connects over IPv4 only. Raises (OSError, ProtocolError, ...) when none does."""
+    in Horovod's wire format (signed with the worker's key), over IPv4 or IPv6 (Horovod's
+    client connects over IPv4 only and unpickles any answer). Raises (OSError, ProtocolError)
+    when none does."""
     wire = Wire(worker.secret_key)
     failures = []
     for _, pairs in worker.addresses:
@@ -281,13 +323,12 @@ def _notify_any_family(
                     sock.makefile("wb") as wfile,
                 ):
                     wire.write(HostsUpdatedRequest(timestamp, update), wfile)
-                    reply = wire.read(rfile)
-            except Exception as exc:  # Wire raises plain Exceptions (a bad digest, EOF)
+                    wfile.flush()
+                    read_ack(rfile, worker.secret_key)
+            except (OSError, ProtocolError) as exc:
                 failures.append(f"{protocol.host_port(host, port)}: {exc}")
                 continue
-            if isinstance(reply, AckResponse):
-                return
-            failures.append(f"{protocol.host_port(host, port)}: answered {reply!r:.60}")
+            return
     raise ProtocolError("; ".join(failures) or "no address registered")
 
 
@@ -295,18 +336,42 @@ def _notify_one(
     slot: str, worker: WorkerAddresses, timestamp: int, update: HostUpdateResult, *, again: bool
 ) -> None:
     try:
-        if any(protocol.is_ipv6(host) for _, pairs in worker.addresses for host, _ in pairs):
-            _notify_any_family(worker, timestamp, update, NOTIFY_TIMEOUT)
-        else:
-            client = WorkerNotificationClient(worker.as_horovod(), worker.secret_key, verbose=0)
-            client.notify_hosts_updated(timestamp, update)
-    except Exception as exc:  # a worker that died meanwhile cannot be notified; that is fine
+        _notify_any_family(worker, timestamp, update, NOTIFY_TIMEOUT)
+    except (OSError, ProtocolError) as exc:  # a worker that died meanwhile cannot be notified
         level = logging.DEBUG if again else logging.INFO
         log.log(level, "slot %s: host-update notification not delivered: %s", slot, exc)
 
 
 def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
     class ElasticHandler(RendezvousHandler):  # type: ignore[misc]
+        def parse_request(self) -> bool:
+            """Parse the request head; refuse (403) one without the launcher's token."""
+            if not super().parse_request():
+                return False
+            token = service.token
+            if token is not None and protocol.authorized(
+                self.headers.get(protocol.TOKEN_HEADER), token
+            ):
+                return True
+            log.warning(
+                "refused %s %s from %s: %s",
+                self.command,
+                self.path[:80],
+                self.client_address[0],
+                "no token" if protocol.TOKEN_HEADER not in self.headers else "a wrong token",
+            )
+            self._discard_body()
+            self.send_status_code(FORBIDDEN)
+            return False
+
+        def _discard_body(self) -> None:
+            # Read a small body, so that the client (still sending it) gets the answer
+            # rather than a reset; a large one is left for the close to cut off.
+            with contextlib.suppress(ValueError, OSError):
+                length = int(self.headers.get("Content-Length", "0"))
+                if 0 < length <= protocol.MAX_WORKER_ADDRESSES_BYTES:
+                    self.rfile.read(length)
+
         def _get_value(self, scope: str, key: str) -> bytes | None:
             if scope == protocol.RANK_AND_SIZE:
                 slot = protocol.slot_of_worker_key(key)

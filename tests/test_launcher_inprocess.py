@@ -100,8 +100,11 @@ class SimulatedNode:
         self.proc_lease.revoke()
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 - http only
+def _get(url: str, token: str | None = None) -> bytes:
+    """GET ``url``; with ``token``, as a client of the rendezvous (which requires it)."""
+    headers = {} if token is None else {protocol.TOKEN_HEADER: token}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - http only
+    with urllib.request.urlopen(request, timeout=30) as reply:  # noqa: S310 - http only
         body: bytes = reply.read()
         return body
 
@@ -191,7 +194,7 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
             store, lambda j: j.leader is not None and j.leader.record.rendezvous, 20, "a leader"
         )
         assert job.leader is not None and job.leader.record.rendezvous is not None
-        rendezvous = job.leader.record.rendezvous
+        rendezvous, token = job.leader.record.rendezvous, job.leader.record.token
         dashboard = job.leader.record.dashboard
         assert dashboard is not None
         assert job.config is not None and job.config.record.command == ("python", "train.py")
@@ -202,7 +205,7 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
 
         # Both fresh processes wait at the barrier; they are released together in epoch 1.
         ready = {
-            n.slot: pool.submit(_get, protocol.ready_url(rendezvous, n.slot))
+            n.slot: pool.submit(_get, protocol.ready_url(rendezvous, n.slot), token)
             for n in nodes.values()
         }
         admissions = {s: protocol.decode_admission(f.result(20)) for s, f in ready.items()}
@@ -219,6 +222,7 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
         reset = pool.submit(
             _get,
             f"{protocol.base_url(rendezvous)}/rank_and_size/{protocol.worker_key(survivor.slot)}",
+            token,
         )
         job = wait_for(
             store,
@@ -233,7 +237,7 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
 
         # Incarnation 2 joins: a resize epoch appends it after the survivor (rank 0 stays).
         victim.start_process()
-        rejoin = pool.submit(_get, protocol.ready_url(rendezvous, victim.slot))
+        rejoin = pool.submit(_get, protocol.ready_url(rendezvous, victim.slot), token)
         wait_for(
             store,
             lambda j: j.ring is not None and j.ring.record.cause is EpochCause.RESIZE,
@@ -243,6 +247,7 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
         reset = pool.submit(
             _get,
             f"{protocol.base_url(rendezvous)}/rank_and_size/{protocol.worker_key(survivor.slot)}",
+            token,
         )
         assert protocol.decode_assignment(reset.result(20)).rank == 0
         assert protocol.decode_admission(rejoin.result(20)).assignment.rank == 1

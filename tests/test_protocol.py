@@ -192,3 +192,13 @@ def test_node_standing_round_trips_and_refuses_junk() -> None:
         with pytest.raises(ProtocolError):
             protocol.NodeStanding.decode(junk)
     assert protocol.standing_url("[::1]:80", "n1") == "http://[::1]:80/node_standing/n1"
+
+
+def test_a_token_is_random_and_only_the_same_token_is_authorized() -> None:
+    token = protocol.new_token()
+    assert len(token) >= 43 and token != protocol.new_token()
+    assert protocol.authorized(token, token)
+    assert not protocol.authorized(None, token)
+    assert not protocol.authorized("", token)
+    assert not protocol.authorized(token[:-1], token)
+    assert not protocol.authorized(token + "x", token)

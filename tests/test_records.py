@@ -37,12 +37,13 @@ from elastic_allreduce.records.values import (
     ScaleTarget,
     from_leader,
 )
+from elastic_allreduce.rendezvous import protocol
 
 SETTINGS = JobSettings(1, 3, 2, 4, wait_timeout=30.0)
 
 #: One valid record of each type, at its key.
 RECORDS: dict[str, Any] = {
-    keys.LEADER: LeaderRecord("10.0.0.1:4000", "10.0.0.1:9090"),
+    keys.LEADER: LeaderRecord("10.0.0.1:4000", "10.0.0.1:9090", "t0ken"),
     keys.JOB_CONFIG: JobConfig(SETTINGS, ("python", "train.py", "--lr", "0.1"), "/ckpt"),
     keys.SCALE_TARGET: ScaleTarget(3),
     keys.RING: Ring(4, ("n0.0", "n1.0"), RingState.FORMING, "h:1", ("n1.0",), EpochCause.RESIZE),
@@ -130,6 +131,7 @@ MALFORMED: list[tuple[type[Any], JsonValue, str]] = [
     (LeaderRecord, ["not", "an", "object"], "must be a JSON object"),
     (LeaderRecord, {"rendezvous": 5}, "'rendezvous' must be a string"),
     (LeaderRecord, {"rendezvous": "h:1", "dashboard": ["h"]}, "'dashboard' must be a string"),
+    (LeaderRecord, {"rendezvous": "h:1", "token": 7}, "'token' must be a string"),
     (JobConfig, {**SETTINGS.to_json(), "command": []}, "empty command"),
     (JobConfig, {**SETTINGS.to_json(), "command": "python x.py"}, "list of strings"),
     (JobConfig, {"min_workers": 1, "command": ["x.py"]}, "'max_workers' must be an integer"),
@@ -276,6 +278,15 @@ def test_the_snapshot_skips_junk_keys_and_values_and_says_why() -> None:
 def test_an_empty_prefix_is_an_unknown_job() -> None:
     assert parse_job([], revision=1).empty
     assert not parse_job([FakeKV(keys.SCALE_TARGET, {"workers": 2})], revision=1).empty
+
+
+def test_the_leader_record_gives_the_rendezvous_with_its_token_and_never_logs_the_token() -> None:
+    record = LeaderRecord("10.0.0.1:4000", None, "s3cret")
+    assert record.endpoint() == protocol.Endpoint("10.0.0.1:4000", "s3cret")
+    assert record.endpoint().headers() == {protocol.TOKEN_HEADER: "s3cret"}  # type: ignore[union-attr]
+    assert LeaderRecord(None, None, "s3cret").endpoint() is None
+    assert "s3cret" not in repr(record) and "s3cret" not in repr(record.endpoint())
+    assert protocol.Endpoint("h:1").headers() == {}
 
 
 def test_only_the_leader_s_stamp_is_obeyed() -> None:

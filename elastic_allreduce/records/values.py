@@ -19,6 +19,7 @@ from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import MalformedValueError
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
+from elastic_allreduce.rendezvous.protocol import Endpoint
 
 #: Exit code of a training process that was not admitted to any epoch (not a crash).
 NOT_ADMITTED_EXIT_CODE: Final = 75
@@ -155,19 +156,29 @@ def _short(value: object) -> str:
 
 @dataclass(frozen=True)
 class LeaderRecord:
-    """``launcher/leader``: the leading launcher's rendezvous (None while it starts) and, when
-    it serves one (``--metrics-port``), its dashboard, metrics and JSON API (``host:port``)."""
+    """``launcher/leader``: the leading launcher's rendezvous (None while it starts), the token
+    its rendezvous requires (``rendezvous.protocol.TOKEN_HEADER``; new for every launcher) and,
+    when it serves one (``--metrics-port``), its dashboard, metrics and JSON API
+    (``host:port``)."""
 
     rendezvous: str | None
     dashboard: str | None = None
+    #: A credential: kept out of repr (log lines, tracebacks).
+    token: str | None = field(default=None, repr=False)
+
+    def endpoint(self) -> Endpoint | None:
+        """The rendezvous with its token, once the launcher serves it."""
+        return None if self.rendezvous is None else Endpoint(self.rendezvous, self.token)
 
     def to_json(self) -> JsonValue:
-        return {"rendezvous": self.rendezvous, "dashboard": self.dashboard}
+        return {"rendezvous": self.rendezvous, "dashboard": self.dashboard, "token": self.token}
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> LeaderRecord:
         fields = _Fields(key, value, "the leader record")
-        return cls(fields.opt_text("rendezvous"), fields.opt_text("dashboard"))
+        return cls(
+            fields.opt_text("rendezvous"), fields.opt_text("dashboard"), fields.opt_text("token")
+        )
 
 
 class OnStateLoss(str, enum.Enum):

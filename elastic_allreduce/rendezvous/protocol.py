@@ -17,6 +17,12 @@ Gloo's own key-value scopes:
 * ``PUT /stacks/<slot>`` -- the process's Python stacks (:class:`StacksReport`, JSON), sent
   when a reply asked for them (the launcher's hang watchdog).
 
+Every request carries the launcher's token in :data:`TOKEN_HEADER` (:func:`authorized`); the
+launcher makes a new one when it starts leading and publishes it in ``launcher/leader`` next to
+its address, so only what can read the job's keys can use the rendezvous. Horovod's own
+clients, which send no such header, reach the launcher through a relay in the training process
+that adds it (:mod:`elastic_allreduce.rendezvous.relay`).
+
 This module owns the scope names, the request keys, the reply encodings and the URLs (with
 brackets for IPv6 addresses); the server and the clients both use it. Pure: no I/O.
 """
@@ -26,12 +32,14 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import hmac
 import io
 import ipaddress
 import json
 import math
 import pickle
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Final, NoReturn
 
 from elastic_allreduce.errors import ProtocolError
@@ -44,6 +52,11 @@ WORKER_ADDRESSES: Final = "worker_addresses"
 PROGRESS: Final = "progress"
 STACKS: Final = "stacks"
 NODE_STANDING: Final = "node_standing"
+
+#: The request header that carries the launcher's token.
+TOKEN_HEADER: Final = "X-Elastic-Allreduce-Token"  # noqa: S105 - a header name
+#: Bytes of randomness in a token (URL-safe base64 of them is what is sent).
+_TOKEN_BYTES: Final = 32
 
 #: Horovod names a worker ``<hostname>:<local rank>``; every slot is a host with local rank 0.
 _LOCAL_RANK_SUFFIX: Final = ":0"
@@ -68,6 +81,31 @@ class Admission:
     @property
     def admitted(self) -> bool:
         return self.assignment.rank >= 0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The launcher's rendezvous as a client needs it: ``host:port`` and the token its requests
+    carry (None: a record from a launcher that required none)."""
+
+    address: str
+    #: A credential: kept out of repr (log lines, tracebacks).
+    token: str | None = field(default=None, repr=False)
+
+    def headers(self) -> dict[str, str]:
+        """The headers every request to this rendezvous carries."""
+        return {} if self.token is None else {TOKEN_HEADER: self.token}
+
+
+def new_token() -> str:
+    """A fresh launcher token: 256 random bits, URL-safe text."""
+    return secrets.token_urlsafe(_TOKEN_BYTES)
+
+
+def authorized(sent: str | None, token: str) -> bool:
+    """Whether a request's :data:`TOKEN_HEADER` value is ``token`` (compared in constant
+    time, so the answer's timing tells nothing about how much of a guess was right)."""
+    return sent is not None and hmac.compare_digest(sent.encode(), token.encode())
 
 
 def worker_key(slot: str) -> str:

@@ -40,6 +40,28 @@ SCRIPT_ARGS = (
 FLAGS = ("--workers", "0", "--min-workers", "2", "--max-workers", "2", "--max-restarts", "1")
 
 
+def start_standby(
+    etcd: EmbeddedEtcd, leader: Job, flags: tuple[str, ...], script_args: tuple[str, ...]
+) -> Job:
+    """`run --standby` for ``leader``'s job, once it says that it stands by."""
+    standby = watch_process(
+        [
+            *(ELASTIC_RUN, "run", "--etcd", etcd.endpoints_text, "--standby"),
+            *("--job-id", leader.job_id, *flags, "--", "python", UNTIL_SCRIPT, *script_args),
+        ],
+        etcd,
+        leader.job_id,
+    )
+    try:
+        standby.wait_for(
+            lambda: any("standing by" in line for line in standby.lines), 60, "the standby"
+        )
+    except BaseException:
+        standby.proc.kill()
+        raise
+    return standby
+
+
 def gaps(commits: list[Event]) -> list[float]:
     return [b.at - a.at for a, b in itertools.pairwise(commits)]
 
@@ -56,18 +78,8 @@ def test_a_standby_takes_over_a_sigkilled_leader_and_training_never_stops(
     leader = start_job(etcd_server, *FLAGS, script=UNTIL_SCRIPT, script_args=script_args)
     jobs.append(leader)
     leader.wait_for(lambda: any("started nodes" in line for line in leader.lines), 60, "leader")
-    standby = watch_process(
-        [
-            *(ELASTIC_RUN, "run", "--etcd", etcd_server.endpoints_text, "--standby"),
-            *("--job-id", leader.job_id, *FLAGS, "--", "python", UNTIL_SCRIPT, *script_args),
-        ],
-        etcd_server,
-        leader.job_id,
-    )
+    standby = start_standby(etcd_server, leader, FLAGS, script_args)
     jobs.append(standby)
-    standby.wait_for(
-        lambda: any("standing by" in line for line in standby.lines), 60, "the standby"
-    )
     nodes = [join_job(etcd_server, leader) for _ in range(2)]
     jobs.extend(nodes)
 
@@ -270,3 +282,35 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_node_joining_while_its_launcher_is_replaced_follows_the_new_one(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """A join whose launcher stops answering at that moment waits for the successor instead
+    of failing its start check (which would tell the user to fix --host)."""
+    stop_file = tmp_path / "stop"
+    script_args = ("--stop-file", str(stop_file), "--commit-every", "5", "--step-delay", "0.03")
+    flags = ("--workers", "0", "--min-workers", "1", "--max-workers", "1")
+    leader = start_job(etcd_server, *flags, script=UNTIL_SCRIPT, script_args=script_args)
+    jobs.append(leader)
+    leader.wait_for(lambda: any("started nodes" in line for line in leader.lines), 60, "leader")
+    standby = start_standby(etcd_server, leader, flags, script_args)
+    jobs.append(standby)
+    # Stopped, the leader still holds its port (connections wait unanswered) until its lease
+    # lapses and the standby takes over.
+    leader.proc.send_signal(signal.SIGSTOP)
+    try:
+        node = join_job(etcd_server, leader)
+        jobs.append(node)
+        node.wait_for(lambda: len(node.commits()) >= 3, 120, "commits under the new launcher")
+        assert any("launcher changed while this node started" in line for line in node.lines), (
+            node.tail()
+        )
+        assert any("had not formed its first ring" in line for line in standby.lines)
+    finally:
+        leader.proc.send_signal(signal.SIGKILL)
+        leader.proc.send_signal(signal.SIGCONT)
+    stop_file.touch()
+    assert standby.finish(timeout=120) == 0, standby.tail()
+    assert node.finish(timeout=60) == 0, node.tail()
