@@ -47,6 +47,7 @@ from typing import IO, Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from elastic_allreduce import progress
 from elastic_allreduce.agreement import VariableSpec
 from elastic_allreduce.errors import CheckpointError, ConfigError
 from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS
@@ -308,15 +309,18 @@ class CheckpointDir:
         except OSError as exc:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
+            reason = _reason(exc, self.full_hint)
             log.warning(
                 "skipped the %s of commit %d in %s: %s; training goes on, the previous "
                 "%ss are kept",
                 self.kind,
                 commit_id,
                 self.path,
-                _reason(exc, self.full_hint),
+                reason,
                 self.kind,
             )
+            if self.kind == "checkpoint":
+                progress.report_checkpoint_skipped(f"commit {commit_id} in {self.path}: {reason}")
             return None
         written = Checkpoint(final, sequence, commit_id)
         try:

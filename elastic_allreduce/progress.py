@@ -55,6 +55,8 @@ class _Counts:
     rolled_back: int = 0
     commit: protocol.Commit | None = None
     synced: protocol.Synced | None = None
+    checkpoints_skipped: int = 0
+    checkpoint_skip: str | None = None
 
 
 _counts = _Counts()
@@ -124,6 +126,16 @@ def report_rollback(steps: int) -> None:
         _counts.rolled_back += steps
 
 
+def report_checkpoint_skipped(reason: str) -> None:
+    """Count a checkpoint that could not be written (a full disk, a write error): the launcher
+    turns each new one into a warning event (``CheckpointSkipped``)."""
+    printable = "".join(c if c.isprintable() else " " for c in reason)
+    if len(printable) > protocol.MAX_NAME:
+        printable = printable[: protocol.MAX_NAME - 3] + "..."
+    _counts.checkpoint_skip = printable
+    _counts.checkpoints_skipped += 1
+
+
 def report_commit(step: int | None = None, commit_id: int | None = None) -> None:
     """Count a commit as progress (a script without a per-step report makes progress at its
     commits); unlike :func:`report_step` it does not time a step. ``commit_id`` (``ea.State``)
@@ -174,6 +186,8 @@ def current_report(incarnation: int) -> protocol.ProgressReport:
         counts.rolled_back,
         counts.commit,
         counts.synced,
+        counts.checkpoints_skipped,
+        counts.checkpoint_skip,
     )
 
 

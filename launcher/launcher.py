@@ -76,7 +76,7 @@ from launcher.policy import (
 )
 from launcher.provisioners.api import Provisioner
 from launcher.rendezvous import ReadinessBoard, RendezvousService
-from launcher.state_loss import StateLossWatch
+from launcher.state_loss import CheckpointSkipWatch, StateLossWatch
 from launcher.watchdog import (
     HangFound,
     HangWatchdog,
@@ -224,6 +224,7 @@ class Launcher:
         )
         self.watchdog = HangWatchdog(settings.job.hang_timeout)
         self.state_loss = StateLossWatch()
+        self.checkpoint_skips = CheckpointSkipWatch()
         self._ranks_written: RanksRecord | None = None
         self._ranks_due = 0.0
         self._ring_revision = 0
@@ -611,7 +612,8 @@ class Launcher:
 
     def _check_state(self, policy: RingPolicy, view: JobView, job: JobSnapshot) -> list[Decision]:
         """Whether a re-formed ring lost the newest commit (launcher.state_loss): each loss is
-        announced (log, events, metrics) and, with ``--on-state-loss fail``, fails the job."""
+        announced (log, events, metrics) and, with ``--on-state-loss fail``, fails the job.
+        Checkpoints a process could not write are announced the same way."""
         if job.progress is not None:
             record = job.progress.record
             commit_id, step = record.get("commit_id"), record.get("step")
@@ -620,7 +622,15 @@ class Launcher:
                     Commit(commit_id, step if isinstance(step, int) and step >= 0 else None)
                 )
         decisions: list[Decision] = []
-        for lost in self.state_loss.step(seen.report for seen in self.progress.seen().values()):
+        reports = {slot: seen.report for slot, seen in self.progress.seen().items()}
+        for skipped in self.checkpoint_skips.step(reports):
+            message = skipped.describe()
+            decisions.append(Log(message))
+            epoch = policy.ring.epoch if policy.ring is not None else 0
+            decisions.append(
+                MembershipChange(ChangeKind.CHECKPOINT_SKIPPED, epoch, (skipped.slot,), message)
+            )
+        for lost in self.state_loss.step(reports.values()):
             message = lost.describe()
             decisions.append(Log(message))
             decisions.append(MembershipChange(ChangeKind.STATE_LOST, lost.epoch, (), message))

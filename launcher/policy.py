@@ -161,6 +161,8 @@ class ChangeKind(enum.Enum):
     #: No process holding the newest commit survived: the ring restarted from an older one
     #: (launcher.state_loss; ``slots`` empty).
     STATE_LOST = "StateLost"
+    #: A process could not write a checkpoint and skipped it (``slots``: that process).
+    CHECKPOINT_SKIPPED = "CheckpointSkipped"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Whether a ring lost the job's newest commit: pure, stepped by the launcher (no I/O).
+"""Whether a ring lost the job's newest commit, and which processes could not write a
+checkpoint: pure, stepped by the launcher (no I/O).
 
 Every rank of an ``ea.State`` script reports its last commit (id and step) and, after each
 state sync, the ring epoch it synced in and the commit the sync gave it
@@ -18,7 +19,7 @@ what the adopted ring's sync gave. Plain Horovod scripts report no commits and a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from elastic_allreduce.rendezvous.protocol import Commit, ProgressReport
@@ -104,4 +105,50 @@ class StateLossWatch:
         # After judging: this step's reports may hold commits made after a sync just judged.
         for report in reports:
             self.saw(report.commit)
+        return found
+
+
+@dataclass(frozen=True)
+class CheckpointsSkipped:
+    """``slot`` reported ``new`` more checkpoints it could not write (``total`` in all by that
+    process), the last one for ``reason``."""
+
+    slot: str
+    new: int
+    total: int
+    reason: str | None
+
+    def describe(self) -> str:
+        what = "a checkpoint" if self.new == 1 else f"{self.new} checkpoints"
+        return (
+            f"slot {self.slot} could not write {what} ({self.total} by this process): "
+            f"{self.reason or 'no reason given'}; training goes on from the previous ones"
+        )
+
+
+class CheckpointSkipWatch:
+    """Which processes report checkpoints they could not write that were not announced yet
+    (each process counts its own: ``ProgressReport.checkpoints_skipped``)."""
+
+    def __init__(self) -> None:
+        self._announced: dict[tuple[str, int], int] = {}
+
+    def step(self, reports: Mapping[str, ProgressReport]) -> list[CheckpointsSkipped]:
+        """The new skips since the last step, one per process that has any."""
+        found = []
+        announced = {}
+        for slot, report in sorted(reports.items()):
+            key = (slot, report.incarnation)
+            before = self._announced.get(key, 0)
+            announced[key] = max(before, report.checkpoints_skipped)
+            if report.checkpoints_skipped > before:
+                found.append(
+                    CheckpointsSkipped(
+                        slot,
+                        report.checkpoints_skipped - before,
+                        report.checkpoints_skipped,
+                        report.checkpoint_skip,
+                    )
+                )
+        self._announced = announced  # processes that no longer report are forgotten
         return found

@@ -139,6 +139,8 @@ def test_progress_reports_round_trip_and_urls_name_the_slot() -> None:
         synced=protocol.Synced(4, protocol.Commit(10, None)),
     )
     assert protocol.ProgressReport.decode(committed.encode()) == committed
+    skipping = protocol.ProgressReport(1, 5, checkpoints_skipped=2, checkpoint_skip="disk full")
+    assert protocol.ProgressReport.decode(skipping.encode()) == skipping
     reply = protocol.ProgressReply(send_stacks=True)
     assert protocol.ProgressReply.decode(reply.encode()) == reply
     stacks = protocol.StacksReport(1, None, "train.py:3 in f", 'Thread "MainThread":\n')
@@ -169,6 +171,14 @@ def test_progress_reports_round_trip_and_urls_name_the_slot() -> None:
         (
             b'{"incarnation": 1, "ticks": 1, "synced": {"epoch": 1, "commit_id": 1, "step": "x"}}',
             "'step' must be an integer",
+        ),
+        (
+            b'{"incarnation": 1, "ticks": 1, "checkpoints_skipped": -1}',
+            "'checkpoints_skipped' must be an integer >= 0",
+        ),
+        (
+            b'{"incarnation": 1, "ticks": 1, "checkpoint_skip": "' + b"x" * 201 + b'"}',
+            "'checkpoint_skip' must be a printable string of at most 200",
         ),
         (b"{" + b" " * 5000 + b"}", "too large"),
     ],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from elastic_allreduce.rendezvous.protocol import Commit, ProgressReport, Synced
-from launcher.state_loss import StateLossWatch, StateLost
+from launcher.state_loss import CheckpointSkipWatch, CheckpointsSkipped, StateLossWatch, StateLost
 
 
 def report(
@@ -106,3 +106,35 @@ def test_a_report_of_a_stale_commit_never_lowers_the_newest() -> None:
     watch.step([report((8, 80)), report((3, 30))])
     watch.saw(Commit(2, 20))
     assert watch.newest == Commit(8, 80)
+
+
+# -- checkpoints a process could not write --------------------------------------------------------
+
+
+def skips(incarnation: int, count: int, reason: str | None = None) -> ProgressReport:
+    return ProgressReport(
+        incarnation, 1, checkpoints_skipped=count, checkpoint_skip=reason if count else None
+    )
+
+
+def test_each_new_skip_is_announced_once_per_process() -> None:
+    watch = CheckpointSkipWatch()
+    assert watch.step({"n0.0": skips(1, 0), "n1.0": skips(1, 0)}) == []
+    assert watch.step({"n0.0": skips(1, 1, "disk full"), "n1.0": skips(1, 0)}) == [
+        CheckpointsSkipped("n0.0", 1, 1, "disk full")
+    ]
+    assert watch.step({"n0.0": skips(1, 1, "disk full")}) == []  # the same report again
+    # Two more between two looks: one announcement that says two.
+    (found,) = watch.step({"n0.0": skips(1, 3, "disk full")})
+    assert found == CheckpointsSkipped("n0.0", 2, 3, "disk full")
+    assert "could not write 2 checkpoints (3 by this process): disk full" in found.describe()
+    # A restarted process counts from zero again: its first skip is new.
+    assert watch.step({"n0.0": skips(2, 1, "read-only")}) == [
+        CheckpointsSkipped("n0.0", 1, 1, "read-only")
+    ]
+    # A slot that comes back with its old incarnation's count after being forgotten is not new
+    # to itself, but the watch forgot it: it is announced again rather than missed.
+    assert watch.step({}) == []
+    assert watch.step({"n0.0": skips(2, 1, "read-only")}) == [
+        CheckpointsSkipped("n0.0", 1, 1, "read-only")
+    ]

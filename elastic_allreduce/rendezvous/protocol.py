@@ -304,8 +304,8 @@ def _bad_addresses(value: object) -> NoReturn:
 MAX_PROGRESS_BYTES: Final = 4 * 1024
 #: The largest ``stacks`` body read; a process's stacks are cut to fit (see StacksReport).
 MAX_STACKS_BYTES: Final = 256 * 1024
-#: The longest phase name or location kept from a report.
-_MAX_NAME: Final = 200
+#: The longest phase name, location or reason kept from a report.
+MAX_NAME: Final = 200
 
 
 def progress_url(address: str, slot: str) -> str:
@@ -390,6 +390,10 @@ class ProgressReport:
     commit: Commit | None = None
     #: What the last sync gave this process: the ring epoch it synced in, and the commit.
     synced: Synced | None = None
+    #: Checkpoints this process could not write (and skipped), in all (it only grows).
+    checkpoints_skipped: int = 0
+    #: Why the last one was skipped.
+    checkpoint_skip: str | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -404,6 +408,8 @@ class ProgressReport:
                 "rolled_back_steps": self.rolled_back_steps,
                 "commit": None if self.commit is None else self.commit.to_json(),
                 "synced": None if self.synced is None else self.synced.to_json(),
+                "checkpoints_skipped": self.checkpoints_skipped,
+                "checkpoint_skip": self.checkpoint_skip,
             }
         ).encode()
 
@@ -442,6 +448,12 @@ class ProgressReport:
             ),
             commit=Commit.parse(fields.get("commit"), "progress: commit"),
             synced=Synced.parse(fields.get("synced"), "progress: synced"),
+            checkpoints_skipped=(
+                0
+                if fields.get("checkpoints_skipped") is None
+                else _count(fields, "checkpoints_skipped", "progress")
+            ),
+            checkpoint_skip=_opt_name(fields, "checkpoint_skip", "progress"),
         )
 
 
@@ -484,14 +496,14 @@ class StacksReport:
             body = json.dumps(
                 {
                     "incarnation": self.incarnation,
-                    "collective": None if self.collective is None else self.collective[:_MAX_NAME],
-                    "where": self.where[:_MAX_NAME],
+                    "collective": None if self.collective is None else self.collective[:MAX_NAME],
+                    "where": self.where[:MAX_NAME],
                     "stacks": stacks,
                 }
             ).encode()
             if len(body) <= MAX_STACKS_BYTES:
                 return body
-            keep = len(stacks) * (MAX_STACKS_BYTES - 2 * _MAX_NAME) // len(body) - 64
+            keep = len(stacks) * (MAX_STACKS_BYTES - 2 * MAX_NAME) // len(body) - 64
             stacks = stacks[: max(0, keep)] + "\n[cut]"
 
     @classmethod
@@ -535,9 +547,9 @@ def _opt_name(fields: dict[str, object], name: str, what: str) -> str | None:
     value = fields.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not value.isprintable() or len(value) > _MAX_NAME:
+    if not isinstance(value, str) or not value.isprintable() or len(value) > MAX_NAME:
         raise ProtocolError(
-            f"{what}: field {name!r} must be a printable string of at most {_MAX_NAME} characters"
+            f"{what}: field {name!r} must be a printable string of at most {MAX_NAME} characters"
         )
     return value
 

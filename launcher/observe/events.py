@@ -34,6 +34,8 @@ class EventKind(str, enum.Enum):
     HUNG = "Hung"
     #: The ring restarted from an older commit than the newest (the message names the steps).
     STATE_LOST = "StateLost"
+    #: A process could not write a checkpoint (a full disk, a write error) and skipped it.
+    CHECKPOINT_SKIPPED = "CheckpointSkipped"
     #: The last commit as rank 0 reported it: ``step`` and ring ``size``.
     PROGRESS = "Progress"
     FINISHED = "Finished"

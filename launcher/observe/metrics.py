@@ -42,8 +42,8 @@ class JobMetrics:
         Gauge("elastic_restarts_limit", "--max-restarts.", registry=r).set(settings.max_restarts)
         self.changes = Counter(
             "elastic_membership_changes",
-            "Slots that joined, left or crashed, ring epochs re-formed, hangs found and states "
-            "lost, by kind.",
+            "Slots that joined, left or crashed, ring epochs re-formed, hangs found, states "
+            "lost and checkpoint write failures announced, by kind.",
             ["kind"],
             registry=r,
         )
@@ -113,6 +113,7 @@ class JobMetrics:
             EventKind.REFORMED,
             EventKind.HUNG,
             EventKind.STATE_LOST,
+            EventKind.CHECKPOINT_SKIPPED,
         )
         for kind in kinds:
             self.changes.labels(kind.value)  # every series exists from the start, at 0
