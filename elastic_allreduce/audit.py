@@ -67,8 +67,38 @@ class EpochReport:
         return not self.missing and not self.duplicated
 
 
-def check(directory: str | Path, num_samples: dict[int, int] | int) -> list[EpochReport]:
-    """Reconstruct the applied steps from the log files and report every data epoch."""
+@dataclass(frozen=True)
+class AppliedStep:
+    """One step as it reached the final state: its last execution (the highest ring epoch that
+    ran it; earlier ones were rolled back), with each rank's sample ids."""
+
+    epoch: int
+    step: int
+    ring: int
+    #: (rank, ids) of every rank of that execution, in rank order.
+    shares: tuple[tuple[int, tuple[int, ...]], ...]
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The step's global batch."""
+        return tuple(i for _, ids in self.shares for i in ids)
+
+
+def applied_steps(directory: str | Path) -> list[AppliedStep]:
+    """The applied steps of the log files, in training order (data epoch, then step)."""
+    executions = _executions(directory)
+    applied = []
+    for (epoch, step), by_ring in sorted(executions.items()):
+        ring = max(by_ring)
+        shares = tuple(sorted((rank, tuple(ids)) for rank, ids in by_ring[ring]))
+        applied.append(AppliedStep(epoch, step, ring, shares))
+    return applied
+
+
+def _executions(
+    directory: str | Path,
+) -> dict[tuple[int, int], dict[int, list[tuple[int, list[int]]]]]:
+    """Every execution of every (data epoch, step), by ring epoch: (rank, ids) per rank."""
     executions: dict[tuple[int, int], dict[int, list[tuple[int, list[int]]]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -84,13 +114,16 @@ def check(directory: str | Path, num_samples: dict[int, int] | int) -> list[Epoc
                 raise SystemExit(
                     f"{path}:{number}: not an audit line ({exc}): {raw[:120]}"
                 ) from exc
+    return executions
+
+
+def check(directory: str | Path, num_samples: dict[int, int] | int) -> list[EpochReport]:
+    """Reconstruct the applied steps from the log files and report every data epoch."""
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
     steps: Counter[int] = Counter()
-    for (epoch, _), by_ring in executions.items():
-        applied = by_ring[max(by_ring)]
-        steps[epoch] += 1
-        for _, ids in applied:
-            per_epoch[epoch].update(ids)
+    for applied in applied_steps(directory):
+        steps[applied.epoch] += 1
+        per_epoch[applied.epoch].update(applied.ids)
     reports = []
     for epoch in sorted(per_epoch):
         counts = per_epoch[epoch]

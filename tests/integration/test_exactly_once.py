@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from elastic_allreduce.audit import applied_steps
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
 from elastic_allreduce.records.values import RingState
@@ -28,6 +31,7 @@ from tests.integration.harness import (
     run_cli_module,
     start_job,
 )
+from tests.scripts.regression import regression_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -53,7 +57,9 @@ class Action:
 
 SCHEDULES: dict[str, tuple[tuple[str, ...], tuple[Action, ...]]] = {
     "custom-loop-arrays": (
-        ("--scale-lr",),
+        # Learning rates far below convergence, so that every step applied once too often or
+        # too few shows in the final weights (the numeric oracle below).
+        ("--scale-lr", "--lr-per-rank", "0.001"),
         (
             Action("kill", "between-commits"),
             Action("join", "after-commit", min_size=1),
@@ -64,7 +70,7 @@ SCHEDULES: dict[str, tuple[tuple[str, ...], tuple[Action, ...]]] = {
     # The leave lands while the only rank holds the state and the restarted one is starting:
     # the leaver must hand the state over before it goes.
     "keras-fit-tfrecords-hand-off": (
-        ("--keras", "--source", "tfrecords"),
+        ("--keras", "--source", "tfrecords", "--lr", "0.002"),
         (
             Action("kill", "after-commit"),
             Action("leave", "after-commit", min_size=1),
@@ -85,6 +91,33 @@ def audit_records(directory: Path) -> list[dict[str, Any]]:
 
 def last_step_started(directory: Path) -> int:
     return max((r["epoch"] * 10**6 + r["step"] for r in audit_records(directory)), default=-1)
+
+
+def learning_rate(flags: tuple[str, ...]) -> Callable[[int], float]:
+    """The learning rate ea_data.py trains a step with, by the ring's size."""
+    if "--scale-lr" in flags:
+        per_rank = float(flags[flags.index("--lr-per-rank") + 1])
+        return lambda size: per_rank * size
+    rate = float(flags[flags.index("--lr") + 1])
+    return lambda size: rate
+
+
+def replay(audit: Path, learning_rate: Callable[[int], float]) -> np.ndarray:
+    """The linear model of ea_data.py (zeros, SGD on the summed squared error scaled to the
+    global batch's mean) trained in float64 in this process on the audited applied steps:
+    its final [kernel..., bias]."""
+    features, labels = (a.astype("float64") for a in regression_data(SAMPLES))
+    kernel, bias = np.zeros((5, 1)), np.zeros(1)
+    for step in applied_steps(audit):
+        ids = np.array(step.ids, dtype=np.int64)
+        if len(ids) == 0:
+            continue
+        x, y = features[ids], labels[ids]
+        error = x @ kernel + bias - y  # the gradient of mean((xw + b - y)^2)
+        rate = learning_rate(len(step.shares))
+        kernel = kernel - rate * 2.0 * x.T @ error / len(ids)
+        bias = bias - rate * 2.0 * error.sum(axis=0) / len(ids)
+    return np.concatenate([kernel.ravel(), bias])
 
 
 class Runner:
@@ -192,6 +225,12 @@ def test_every_sample_is_applied_exactly_once_through_a_schedule_of_changes(
     )
     assert verdict.returncode == 0, verdict.stdout
     assert verdict.stdout.count("0 missing, 0 duplicated: ok") == EPOCHS, verdict.stdout
+    # The arithmetic, not only the plan: the final weights are those of one process that
+    # applies the audited steps in order (each its global batch's mean gradient, at the
+    # learning rate of that step's ring size), whatever was killed, left or joined meanwhile.
+    (weights,) = {tuple(e.data["weights"]) for e in job.done()}
+    expected = replay(audit, learning_rate(flags))
+    assert np.allclose(weights, expected, rtol=1e-4, atol=1e-5), (weights, expected.tolist())
     rings: dict[tuple[int, int], set[int]] = {}
     for record in audit_records(audit):
         rings.setdefault((record["epoch"], record["step"]), set()).add(record["ring"])
@@ -201,5 +240,5 @@ def test_every_sample_is_applied_exactly_once_through_a_schedule_of_changes(
     assert len(sizes) >= 2, "the job never changed size"
     if "--scale-lr" in flags:  # the linear learning-rate policy followed every resize
         assert {(e.data["size"], e.data["lr"]) for e in job.commits()} == {
-            (size, round(0.05 * size, 6)) for size in sizes
+            (size, round(learning_rate(flags)(size), 6)) for size in sizes
         }

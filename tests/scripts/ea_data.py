@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 import tiny_model
+from regression import regression_data
 
 import elastic_allreduce as ea
 
@@ -31,16 +32,15 @@ parser.add_argument("--batch-per-rank", type=int, default=4)
 parser.add_argument("--global-batch", type=int, default=None)
 parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--step-delay", type=float, default=0.03)
-parser.add_argument("--scale-lr", action="store_true", help="learning rate 0.05 x ranks")
+parser.add_argument("--lr", type=float, default=0.1, help="SGD's learning rate")
+parser.add_argument("--scale-lr", action="store_true", help="learning rate --lr-per-rank x ranks")
+parser.add_argument("--lr-per-rank", type=float, default=0.05)
 parser.add_argument("--source", choices=("arrays", "records", "tfrecords"), default="arrays")
 parser.add_argument("--keras", action="store_true", help="train with model.fit")
 args = parser.parse_args()
 
 ea.init()
-rng = np.random.default_rng(3)
-features = rng.normal(size=(args.samples, 5)).astype("float32")
-noise = 0.1 * rng.normal(size=(args.samples, 1))
-labels = (features @ rng.normal(size=(5, 1)) + noise).astype("float32")
+features, labels = regression_data(args.samples)
 options = {"batch_per_rank": args.batch_per_rank, "global_batch": args.global_batch, "seed": 9}
 
 
@@ -89,14 +89,14 @@ else:
     counts = [len(block) for block in blocks]
     data = ea.ElasticData.from_tfrecords(paths, parse, counts=counts, **options)
 
-model, optimizer, train_step = tiny_model.linear(inputs=5)
+model, optimizer, train_step = tiny_model.linear(inputs=5, learning_rate=args.lr)
 
 
 def finished(state) -> bool:
     return state.epoch >= args.epochs or (args.steps is not None and state.step >= args.steps)
 
 
-resize = ea.ScaleLearningRate(optimizer, 0.05) if args.scale_lr else None
+resize = ea.ScaleLearningRate(optimizer, args.lr_per_rank) if args.scale_lr else None
 state = ea.State(model, optimizer, on_resize=resize, epoch=0, position=0, step=0)
 
 
