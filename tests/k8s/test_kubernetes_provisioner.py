@@ -272,7 +272,12 @@ def test_410_gone_makes_it_list_again_and_catch_up(
     try:
         watcher = Watcher(provisioner)
         first, second = provisioner.start_nodes(2)
-        watcher.wait(lambda s: True, "nothing")
+        fake_kube.wait_for(
+            lambda: any("watch=true" in path for _, path in fake_kube.requests),
+            10,
+            "the provisioner watching its pods",
+        )
+        assert provisioner.node_states().disrupted == {}
         fake_kube.deny("watch", "pods")  # keep the provisioner from watching for a moment
         fake_kube.drop_watches()
         fake_kube.wait_for(lambda: provisioner.watch_error is not None, 10, "a refused watch")
