@@ -267,8 +267,9 @@ class NodeState(enum.Enum):
     UNKNOWN = "unknown"
     #: Asked of the provisioner; its agent has not registered yet (counts toward the target).
     REQUESTED = "requested"
-    #: Requested but not registered within NODE_START_TIMEOUT: no longer counted, so another is
-    #: started; if it registers after all, it counts as a node that joined by itself.
+    #: Requested but not registered within NODE_START_TIMEOUT: stopped (a pod placed but never
+    #: started, an agent that cannot reach etcd), no longer counted, and replaced while restarts
+    #: last; if it registers after all (the stop raced its start), it is let go.
     TIMED_OUT = "timed out"
     #: Its agent's ``members/<node>`` key appeared: a node of the job.
     REGISTERED = "registered"
@@ -287,7 +288,7 @@ class NodeState(enum.Enum):
 #: whose member key comes back live (its id reused by ``elastic-run join``) counts as live again,
 #: so it may still leave or be stopped; a LOST node that joined by itself and registers again
 #: (its agent was cut off from etcd, fenced itself and came back) is REGISTERED again;
-#: STOPPING and DISRUPTED are final.
+#: TIMED_OUT, STOPPING and DISRUPTED are final.
 NODE_TRANSITIONS: Final[Mapping[NodeState, frozenset[NodeState]]] = MappingProxyType(
     {
         NodeState.UNKNOWN: frozenset(
@@ -296,9 +297,7 @@ NODE_TRANSITIONS: Final[Mapping[NodeState, frozenset[NodeState]]] = MappingProxy
         NodeState.REQUESTED: frozenset(
             {NodeState.REGISTERED, NodeState.LEAVING, NodeState.TIMED_OUT, NodeState.DISRUPTED}
         ),
-        NodeState.TIMED_OUT: frozenset(
-            {NodeState.REGISTERED, NodeState.LEAVING, NodeState.DISRUPTED}
-        ),
+        NodeState.TIMED_OUT: frozenset(),
         NodeState.REGISTERED: frozenset(
             {NodeState.LEAVING, NodeState.STOPPING, NodeState.LOST, NodeState.DISRUPTED}
         ),
@@ -312,9 +311,9 @@ NODE_TRANSITIONS: Final[Mapping[NodeState, frozenset[NodeState]]] = MappingProxy
 )
 
 #: Nodes whose agent we have not seen register: their member key appearing is news.
-_UNREGISTERED: Final = frozenset({NodeState.UNKNOWN, NodeState.REQUESTED, NodeState.TIMED_OUT})
+_UNREGISTERED: Final = frozenset({NodeState.UNKNOWN, NodeState.REQUESTED})
 #: Members that no longer count toward the target even while their key exists.
-_DISCOUNTED: Final = frozenset({NodeState.STOPPING, NodeState.DISRUPTED})
+_DISCOUNTED: Final = frozenset({NodeState.STOPPING, NodeState.DISRUPTED, NodeState.TIMED_OUT})
 
 
 @dataclass(frozen=True)
@@ -634,12 +633,12 @@ class RingPolicy:
         """Keep the number of nodes at the target: scale requests, leaves, lost nodes."""
         decisions: list[Decision] = []
         settings = self.settings
-        # Members we neither started nor saw before (`elastic-run join`, or a node that timed
-        # out and registered after all): taken before this step moves any node.
+        # Members we neither started nor saw before (`elastic-run join`): taken before this
+        # step moves any node.
         arrivals = sorted(
             n
             for n in view.members
-            if self.nodes.state(n) in (NodeState.UNKNOWN, NodeState.TIMED_OUT)
+            if self.nodes.state(n) is NodeState.UNKNOWN
             or (n in self.joined and self.nodes.state(n) is NodeState.LOST)
         )
         if view.scale_target is not None and view.scale_target != self.scale_request:
@@ -746,8 +745,16 @@ class RingPolicy:
                 # The start timeout runs from when the cluster places the node, not while it waits.
                 self.nodes.restart_clock(node, view.now)
             elif view.now - self.nodes.since(node) > NODE_START_TIMEOUT:
-                decisions.append(Log(f"node {node} did not register in time"))
+                # Stopped, not forgotten: it would hold its machine (or pod), and a replacement
+                # would be asked for at every timeout while each stuck one stays.
                 self.nodes.move(node, NodeState.TIMED_OUT, view.now)
+                decisions.append(StopNode(node))
+                late = f"node {node} did not register within {NODE_START_TIMEOUT:.0f} s"
+                if self.budget.try_spend():
+                    decisions.append(Log(f"{late}; stopping it and starting another"))
+                else:
+                    self._set_target(self.target_workers - 1, f"{late}, with no restarts left")
+                    decisions.append(Log(f"{late}; stopping it (no restarts left to replace it)"))
         gone = sorted(n for n in self.nodes.in_state(NodeState.REGISTERED) if n not in view.members)
         for node in gone:
             self.nodes.move(node, NodeState.LOST, view.now)

@@ -75,6 +75,7 @@ def test_the_table_covers_every_state_and_every_state_is_reachable() -> None:
         assert state is NodeState.UNKNOWN or path_to(state), state
     assert NODE_TRANSITIONS[NodeState.STOPPING] == frozenset()
     assert NODE_TRANSITIONS[NodeState.DISRUPTED] == frozenset()
+    assert NODE_TRANSITIONS[NodeState.TIMED_OUT] == frozenset()
 
 
 @pytest.mark.parametrize(("source", "target"), ALLOWED, ids=lambda s: s.name)
@@ -164,22 +165,65 @@ def test_a_node_whose_member_key_vanishes_is_lost_and_replaced_once() -> None:
     assert of(StartNodes, again) == [] and policy.restarts_used == 1
 
 
-def test_a_requested_node_that_never_registers_times_out_and_counts_as_a_joiner_later() -> None:
-    policy, world, _ = started_job(count=2, max_workers=4)
+def test_a_requested_node_that_never_registers_is_stopped_and_replaced_within_the_budget() -> None:
+    """A node placed but never started (an agent that cannot reach etcd; on Kubernetes a pod
+    whose containers wait is reported pending instead) used to be forgotten while a duplicate
+    was started at every timeout, each stuck one left running."""
+    policy, world, _ = started_job(count=2, max_workers=4, max_restarts=1)
     world.scale_target = 3
     assert StartNodes(1) in step(policy, world)
     policy.nodes_started(["n2"], world.now)
     world.now = NODE_START_TIMEOUT + 1
     decisions = step(policy, world)
     assert policy.node_state("n2") is NodeState.TIMED_OUT
-    assert "node n2 did not register in time" in logs(decisions)
-    assert StartNodes(1) in decisions  # in its place
+    assert StopNode("n2") in decisions
+    assert "node n2 did not register within 120 s; stopping it and starting another" in logs(
+        decisions
+    )
+    assert StartNodes(1) in decisions and policy.restarts_used == 1  # in its place
     policy.nodes_started(["n3"], world.now)
-    world.add_node("n2")  # registers after all: one more node than asked for, within the max
+    # The stop raced its start: it registers after all, and is let go (not counted, no ranks).
+    world.add_node("n2")
     decisions = step(policy, world)
-    assert policy.node_state("n2") is NodeState.REGISTERED
-    assert "node n2 joined by itself; the job now wants 4" in logs(decisions)
-    assert policy.target_reason == "node n2 joined by itself"
+    assert policy.node_state("n2") is NodeState.TIMED_OUT
+    assert of(StartNodes, decisions) == [] and policy.target_workers == 3
+    # The replacement never registers either: stopped, and with no restarts left the target
+    # is lowered instead of starting a third.
+    world.now = 2 * NODE_START_TIMEOUT + 2
+    decisions = step(policy, world)
+    assert StopNode("n3") in decisions and of(StartNodes, decisions) == []
+    assert policy.target_workers == 2 and policy.restarts_used == 1
+    assert (
+        "node n3 did not register within 120 s; stopping it (no restarts left to replace it)"
+        in (logs(decisions))
+    )
+    # No third pod, however long it waits.
+    world.now = 10 * NODE_START_TIMEOUT
+    assert of(StartNodes, step(policy, world)) == []
+
+
+def test_a_lease_that_expires_before_the_pod_report_is_charged_once() -> None:
+    """A real kubelet reports a dead pod seconds after the node's etcd lease expired: the loss
+    is handled at the lease, the report adds neither a restart nor a node."""
+    policy, world, _ = started_job(max_restarts=3)
+    del world.members["n1"]
+    del world.procs["n1.0"]
+    decisions = step(policy, world)
+    assert StartNodes(1) in decisions and policy.restarts_used == 1
+    policy.nodes_started(["n3"], world.now)
+    world.now += 5.0
+    view = replace(
+        world.view(),
+        disrupted_nodes={"n1": "pod failed: container worker exited with code 137"},
+        dead_nodes=frozenset({"n1"}),
+    )
+    decisions = policy.step(view)
+    assert of(StartNodes, decisions) == [] and policy.restarts_used == 1
+    assert policy.target_workers == 3
+    assert logs(decisions) == [
+        "node n1 was lost: pod failed: container worker exited with code 137 (handled at its "
+        "lease loss)"
+    ]
 
 
 def test_scale_down_stops_nodes_for_good_and_a_disruption_is_handled_once() -> None:
