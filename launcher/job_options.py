@@ -30,6 +30,7 @@ DEFAULT_MIN_WORKERS: Final = 1
 DEFAULT_GPUS_PER_NODE: Final = 0
 DEFAULT_MAX_RESTARTS: Final = 3
 DEFAULT_WAIT_TIMEOUT: Final = 60.0
+DEFAULT_START_GRACE: Final = 10.0
 DEFAULT_HANG_TIMEOUT: Final = 300.0
 #: The shortest --hang-timeout: longer than the default lease TTL and stuck timeout, so that
 #: dead, stopped and stuck processes are handled by those first.
@@ -60,6 +61,9 @@ class JobOptions:
     max_restarts: int
     wait_timeout: float
     checkpoint_dir: str | None
+    #: Seconds the first ring epoch waits for every initial worker before it starts with
+    #: --min-workers or more.
+    start_grace: float = DEFAULT_START_GRACE
     #: Seconds without progress before the hang watchdog acts; 0: no watchdog.
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
     #: TTL of every lease (nodes, training processes, the launcher), in whole seconds.
@@ -144,6 +148,17 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds the job may have fewer than --min-workers before it fails "
         f"(default {_number(DEFAULT_WAIT_TIMEOUT)})",
+    )
+    group.add_argument(
+        "--start-grace",
+        type=float,
+        default=DEFAULT_START_GRACE,
+        metavar="S",
+        help="seconds the first ring waits for every starting worker node to be ready (a "
+        "training process's first import of TensorFlow takes seconds, more on a busy machine) "
+        "before it starts with those that are, if at least --min-workers; the others join as "
+        f"they get ready (default {_number(DEFAULT_START_GRACE)}; 0: start with the first "
+        "--min-workers)",
     )
     group.add_argument(
         "--hang-timeout",
@@ -250,6 +265,7 @@ def job_options(
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     checkpoint_dir: str | None = None,
+    start_grace: float = DEFAULT_START_GRACE,
     hang_timeout: float = DEFAULT_HANG_TIMEOUT,
     lease_ttl: int = DEFAULT_LEASE_TTL,
     stuck_timeout: float = DEFAULT_STUCK_TIMEOUT,
@@ -271,6 +287,7 @@ def job_options(
             max_restarts=max_restarts,
             wait_timeout=float(wait_timeout),
             checkpoint_dir=checkpoint_dir,
+            start_grace=float(start_grace),
             hang_timeout=float(hang_timeout),
             lease_ttl=lease_ttl,
             stuck_timeout=float(stuck_timeout),
@@ -304,6 +321,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         max_restarts=args.max_restarts,
         wait_timeout=args.wait_timeout,
         checkpoint_dir=args.checkpoint_dir,
+        start_grace=args.start_grace,
         hang_timeout=args.hang_timeout,
         lease_ttl=args.lease_ttl,
         stuck_timeout=args.stuck_timeout,
@@ -343,6 +361,10 @@ def validate(options: JobOptions) -> JobOptions:
     if not (math.isfinite(options.wait_timeout) and options.wait_timeout > 0):
         raise ConfigError(
             f"--wait-timeout must be a positive number of seconds, got {options.wait_timeout}"
+        )
+    if not (math.isfinite(options.start_grace) and options.start_grace >= 0):
+        raise ConfigError(
+            f"--start-grace must be 0 or more seconds, got {_number(options.start_grace)}"
         )
     _validate_timeouts(options)
     if options.checkpoint_dir is not None and not options.checkpoint_dir.strip():
@@ -398,6 +420,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         nproc_per_node=options.nproc_per_node,
         max_restarts=options.max_restarts,
         wait_timeout=options.wait_timeout,
+        start_grace=options.start_grace,
         hang_timeout=options.hang_timeout,
         lease_ttl=options.lease_ttl,
         stuck_timeout=options.stuck_timeout,
@@ -439,6 +462,8 @@ def to_args(options: JobOptions) -> list[str]:
         "--outage-timeout",
         _number(options.outage_timeout),
     ]
+    if options.start_grace != DEFAULT_START_GRACE:  # the manifests of the default job stay
+        args += ["--start-grace", _number(options.start_grace)]
     if options.checkpoint_dir is not None:
         args += ["--checkpoint-dir", options.checkpoint_dir]
     if options.keep_checkpoints != DEFAULT_KEEP_CHECKPOINTS:

@@ -4,6 +4,7 @@ its address and interface, and the job's timeouts (issue #11, items 1 and 5)."""
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 from pathlib import Path
 
@@ -149,6 +150,27 @@ def test_on_state_loss_is_a_job_option_stored_with_the_job() -> None:
         ConfigError, match="--on-state-loss must be restart-from-checkpoint or fail"
     ):
         job_options.job_options(["python", "t.py"], on_state_loss="shrug")
+
+
+def test_the_start_grace_is_a_job_option_stored_with_the_job() -> None:
+    parser = argparse.ArgumentParser()
+    job_options.add_job_flags(parser)
+    job_options.add_command(parser)
+    default = job_options.job_options(["python", "t.py"])
+    assert job_options.job_settings(default).start_grace == 10.0
+    assert "--start-grace" not in job_options.to_args(default)  # the manifests stay as they are
+    parsed = job_options.from_args(parser.parse_args(["--start-grace", "90", "--", "t.py"]))
+    assert parsed.start_grace == 90.0
+    settings = job_options.job_settings(parsed)
+    assert settings.start_grace == 90.0
+    assert JobSettings.from_json("config/job", settings.to_json()) == settings
+    assert job_options.from_args(parser.parse_args(job_options.to_args(parsed))) == parsed
+    assert job_options.job_options(["t.py"], start_grace=0).start_grace == 0.0  # allowed
+    assert "--start-grace S" in parser.format_help()
+    for bad, shown in [(-1.0, "-1"), (math.inf, "inf"), (math.nan, "nan")]:
+        with pytest.raises(ConfigError) as caught:
+            job_options.job_options(["python", "t.py"], start_grace=bad)
+        assert str(caught.value) == f"--start-grace must be 0 or more seconds, got {shown}"
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 STEPS = 300
 COMMIT_EVERY = 5
 TRAIN = ("--steps", str(STEPS), "--commit-every", str(COMMIT_EVERY), "--step-delay", "0.03")
+#: For tests that count every step each process ran (``steps_run``) or name the first epoch:
+#: every starting worker is in the first ring, however long its first TensorFlow import takes
+#: on a loaded machine (after the default 10 s the ring would start without it, and it would
+#: join later with fewer steps run).
+ALL_AT_START = ("--start-grace", "120")
 FIXED_ARGS = (
     *("--samples", "240", "--epochs", "99", "--steps", "20", "--global-batch", "24"),
     *("--commit-every", "1", "--step-delay", "0.15"),
@@ -75,7 +80,10 @@ def test_sigkill_of_one_of_three_workers_continues_at_size_two(
     etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
 ) -> None:
     job = start_job(
-        etcd_server, "--workers", "3", "--max-restarts", "0", script=script, script_args=TRAIN
+        etcd_server,
+        *("--workers", "3", "--max-restarts", "0", *ALL_AT_START),
+        script=script,
+        script_args=TRAIN,
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
@@ -104,7 +112,10 @@ def test_a_joining_worker_gets_the_committed_state_and_nobody_rolls_back(
     etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
 ) -> None:
     job = start_job(
-        etcd_server, "--workers", "2", "--max-workers", "3", script=script, script_args=TRAIN
+        etcd_server,
+        *("--workers", "2", "--max-workers", "3", *ALL_AT_START),
+        script=script,
+        script_args=TRAIN,
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
@@ -131,7 +142,7 @@ def test_a_joining_worker_gets_the_committed_state_and_nobody_rolls_back(
 def test_sigterm_to_a_worker_node_is_a_graceful_leave_without_rollback(
     etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
 ) -> None:
-    job = start_job(etcd_server, "--workers", "3", script=script, script_args=TRAIN)
+    job = start_job(etcd_server, "--workers", "3", *ALL_AT_START, script=script, script_args=TRAIN)
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 6, 90, "commits at size 3")
     leaver = slot_of_rank(job, 2, 3)
@@ -399,7 +410,9 @@ def test_sigterm_to_the_only_holder_writes_its_last_commit_and_the_restart_resum
 def test_status_shows_the_ring_members_and_last_commit(
     etcd_server: EmbeddedEtcd, jobs: list[Job]
 ) -> None:
-    job = start_job(etcd_server, "--workers", "2", script=EA_SCRIPT, script_args=TRAIN)
+    job = start_job(
+        etcd_server, "--workers", "2", *ALL_AT_START, script=EA_SCRIPT, script_args=TRAIN
+    )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
     result = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
@@ -467,7 +480,9 @@ def test_scale_grows_then_shrinks_the_job_without_rollback(
 ) -> None:
     steps = 3 * STEPS
     train = ("--steps", str(steps), *TRAIN[2:])
-    job = start_job(etcd_server, "--workers", "2", "--max-workers", "3", script_args=train)
+    job = start_job(
+        etcd_server, "--workers", "2", "--max-workers", "3", *ALL_AT_START, script_args=train
+    )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
     where = ("--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)

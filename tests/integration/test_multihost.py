@@ -201,7 +201,7 @@ def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
 
     # A partition: h2's link goes down for 20 s.
     cut_host = hosts[2]
-    cut_at = time.monotonic()
+    cut_at, lines_at_cut = time.monotonic(), len(output.lines)
     cut_host.link_down()
     output.wait_for("the others at size 2", lambda: len(output.commits(2, cut_at)) >= 2, 30)
     partition_recovery = output.commits(2, cut_at)[0][0] - cut_at
@@ -213,7 +213,7 @@ def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
     assert joins[cut_host.name].poll() is None  # the agent waits to come back
     while time.monotonic() < cut_at + 20:
         time.sleep(0.2)
-    back_at = time.monotonic()
+    back_at, lines_at_back = time.monotonic(), len(output.lines)
     cut_host.link_up()
     assert launcher.poll() is None, "the job ended before the link came back:\n" + output.tail()
     output.wait_for(
@@ -246,7 +246,13 @@ def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
     # The crash used the one restart; the partition used none (else the job had dropped a slot).
     assert "restarting it (1/1)" in launcher_log
     assert "no restarts left" not in launcher_log, launcher_log
-    assert partition_recovery < TTL + 1 + 1.5, output.tail()  # TTL + 1 s, plus a step
+    # The cut host was found through its lease, and the others left their collective with it
+    # by themselves (the ring guard): none was replaced as stuck.
+    while_cut = [
+        line for who, line in output.lines[lines_at_cut:lines_at_back] if who == "launcher"
+    ]
+    assert any("was lost (dead or cut off)" in line for line in while_cut), output.tail()
+    assert not any("did not leave its failed collective" in line for line in while_cut), while_cut
     assert "registering again" in output.text(cut_host.name), output.tail()
     # The pair was reported with the peer's name, one side left out and taken back.
     assert re.search(
@@ -303,14 +309,14 @@ def test_bad_node_input_is_one_clear_error_at_start(test_hosts: MakeTestHosts) -
         else:
             hosts_file.write_text(own_hosts_file)
         argv = [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id, *flags]
-        started = time.monotonic()
         result = subprocess.run(
             hosts[1].command(argv), capture_output=True, text=True, timeout=60, check=False
         )
         assert result.returncode == 2, (flags, result)
         assert message in result.stderr, (flags, result.stderr)
         assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
-        assert time.monotonic() - started < 30  # no restart loop
+        # Refused before any training process started: no restart loop.
+        assert "started incarnation" not in result.stdout + result.stderr, (flags, result)
     assert training_pids(hosts[1]) == []
     for proc in (launcher, lone):
         proc.send_signal(signal.SIGTERM)

@@ -162,15 +162,22 @@ def sleeper_line(job: Job) -> tuple[str, float]:
     raise AssertionError("no rank went to sleep:\n" + job.tail())
 
 
+@pytest.mark.timeout(240)  # two cold starts, the hang timeout and the wait for the replacement
 def test_a_rank_asleep_outside_a_collective_is_diagnosed_and_replaced(
     etcd_server, jobs: list[Job], tmp_path: Path
 ) -> None:
-    # No restarts allowed: replacing a hung rank is not charged to the budget.
+    # No restarts allowed: replacing a hung rank is not charged to the budget. Training ends
+    # when the test says (the stop file), once the replacement trains: on a loaded machine the
+    # survivors could finish a fixed number of steps before its TensorFlow import is done.
+    stop = tmp_path / "stop"
     job = start_job(
         etcd_server,
         *("--workers", "3", "--max-restarts", "0", "--hang-timeout", str(HANG_TIMEOUT)),
         script=HANG_SCRIPT,
-        script_args=("--steps", "120", "--sleep-at-step", "50", "--once", str(tmp_path / "once")),
+        script_args=(
+            *("--steps", "120", "--sleep-at-step", "50", "--once", str(tmp_path / "once")),
+            *("--stop-file", str(stop)),
+        ),
     )
     jobs.append(job)
     job.wait_for(lambda: any(" sleeps at step 50" in line for line in job.lines), 90, "a sleeper")
@@ -181,7 +188,15 @@ def test_a_rank_asleep_outside_a_collective_is_diagnosed_and_replaced(
         HANG_TIMEOUT + 60,
         "the sleeper replaced",
     )
-    print(f"sleeper replaced {time.monotonic() - slept_at:.1f} s after the test saw its line")
+    replaced_at = time.monotonic()
+    print(f"sleeper replaced {replaced_at - slept_at:.1f} s after the test saw its line")
+    # Its replacement (the same slot, a new process) joins the ring and trains at size 3.
+    job.wait_for(
+        lambda: any(e.slot == sleeper and e.at > replaced_at for e in job.commits(3)),
+        90,
+        "the replacement to train at size 3",
+    )
+    stop.touch()
     assert job.finish(120) == 0, job.tail()
 
     hang = read_job(job.store).hang

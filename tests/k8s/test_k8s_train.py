@@ -230,7 +230,9 @@ def test_a_rendered_train_job_trains_the_digits_on_two_worker_pods_and_exports(
         *("--image", IMAGE, "--job-id", job_id, "--namespace", NAMESPACE),
         *("--etcd", etcd_server.endpoints_text, "--etcd-plaintext"),
         *("--no-priority-class", "--no-network-policy"),
-        *("--workers", "2", "--max-restarts", "0"),
+        # Both workers in the first ring, however long their first TensorFlow import takes on a
+        # loaded machine: the test counts every step each one ran, in one ring of 2.
+        *("--workers", "2", "--max-restarts", "0", "--start-grace", "120"),
         "--",
         "train",
         *("--model-def", str(DIGITS_DEF)),

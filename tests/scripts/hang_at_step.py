@@ -1,7 +1,10 @@
 """A training script that hangs on purpose, for the launcher's hang watchdog.
 
 Trains the tiny model (ea.State, a step count reported with ea.report_step) for ``--steps``
-steps, committing every ``--commit-every`` and printing {"event": "commit"|"done", ...}. Faults:
+steps, committing every ``--commit-every`` and printing {"event": "commit"|"done", ...}; with
+``--stop-file FILE`` it trains on past ``--steps`` until FILE exists (asked of every rank with
+one allreduce at each commit from ``--steps`` on, so all stop after the same commit): the test
+decides when training ends. Faults:
 
 * ``--sleep-at-step N --sleep-rank R``: rank R sleeps in Python (outside any collective) before
   step N; with ``--once FILE`` only the first process to get there does (it creates FILE);
@@ -26,6 +29,7 @@ parser.add_argument("--step-delay", type=float, default=0.02)
 parser.add_argument("--sleep-at-step", type=int)
 parser.add_argument("--sleep-rank", type=int, default=1)
 parser.add_argument("--once")
+parser.add_argument("--stop-file")
 parser.add_argument("--slow-first-step", type=float, default=0.0)
 parser.add_argument("--slow-eval-at-step", type=int)
 parser.add_argument("--slow-eval", type=float, default=0.0)
@@ -49,10 +53,20 @@ def hang_here():
         time.sleep(3600)
 
 
+def stopped():
+    """Whether every rank is done: past --steps and, with --stop-file, the file exists."""
+    if state.step < args.steps:
+        return False
+    if args.stop_file is None:
+        return True
+    wanted = 1.0 if os.path.exists(args.stop_file) else 0.0
+    return float(ea.allreduce(tf.constant(wanted))) > 0
+
+
 @ea.run
 def train(state):
     first = True
-    while state.step < args.steps:
+    while state.step < args.steps or args.stop_file is not None:
         if state.step == args.sleep_at_step and ea.rank() == args.sleep_rank:
             hang_here()
         if first and args.slow_first_step:
@@ -70,6 +84,8 @@ def train(state):
         if state.step % args.commit_every == 0:
             state.commit()
             tiny_model.emit("commit", state, model)
+            if stopped():
+                return
 
 
 train(state)
