@@ -62,6 +62,9 @@ class _Counts:
 _counts = _Counts()
 _phases: list[str] = []
 _lock = threading.Lock()
+#: Seconds the last gradient allreduce waited (elastic_allreduce.collective_clock), once a
+#: timed tape made the clock.
+_collective_clock: Callable[[], float | None] | None = None
 
 
 #: Called after every counted step with the step number (the script's, else the count of steps),
@@ -126,6 +129,12 @@ def report_rollback(steps: int) -> None:
         _counts.rolled_back += steps
 
 
+def set_collective_clock(read: Callable[[], float | None]) -> None:
+    """Where reports read the last allreduce's wait (the straggler watch's input)."""
+    global _collective_clock  # noqa: PLW0603 - one clock per process
+    _collective_clock = read
+
+
 def report_checkpoint_skipped(reason: str) -> None:
     """Count a checkpoint that could not be written (a full disk, a write error): the launcher
     turns each new one into a warning event (``CheckpointSkipped``)."""
@@ -188,6 +197,7 @@ def current_report(incarnation: int) -> protocol.ProgressReport:
         counts.synced,
         counts.checkpoints_skipped,
         counts.checkpoint_skip,
+        None if _collective_clock is None else _collective_clock(),
     )
 
 

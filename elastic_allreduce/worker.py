@@ -58,6 +58,7 @@ from horovod.tensorflow.keras.elastic import (
 from typing_extensions import Unpack
 
 from elastic_allreduce import (
+    collective_clock,
     elastic_run,
     env,
     plain,
@@ -93,7 +94,14 @@ rank = hvd.rank
 size = hvd.size
 local_rank = hvd.local_rank
 allreduce = hvd.allreduce
-DistributedGradientTape = hvd.DistributedGradientTape
+
+
+def DistributedGradientTape(tape: tf.GradientTape, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
+    """Horovod's ``DistributedGradientTape`` (same arguments), with its allreduce timed for the
+    launcher's straggler watch (:mod:`elastic_allreduce.collective_clock`)."""
+    return collective_clock.timed(hvd.DistributedGradientTape(tape, *args, **kwargs))
+
+
 DistributedOptimizer = hvd.DistributedOptimizer
 run = elastic_run.run
 

@@ -40,6 +40,7 @@ DEFAULT_STUCK_TIMEOUT: Final = 5.0
 DEFAULT_RESIZE_TIMEOUT: Final = 60.0
 DEFAULT_OUTAGE_TIMEOUT: Final = 300.0
 DEFAULT_ON_STATE_LOSS: Final = OnStateLoss.RESTART_FROM_CHECKPOINT
+DEFAULT_STRAGGLER_FACTOR: Final = 2.0
 
 #: Title of the argument group of the job flags in every command's --help.
 GROUP_TITLE: Final = "job options"
@@ -78,6 +79,8 @@ class JobOptions:
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
     #: What the job does when no holder of the newest commit survived.
     on_state_loss: OnStateLoss = DEFAULT_ON_STATE_LOSS
+    #: A rank slower than this many times the others is reported (0: not watched).
+    straggler_factor: float = DEFAULT_STRAGGLER_FACTOR
 
 
 def new_job_id() -> str:
@@ -233,6 +236,16 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "event naming the steps lost, then train on (restart-from-checkpoint, the default), "
         "or also fail the job (fail); judged for elastic_allreduce.State scripts",
     )
+    group.add_argument(
+        "--straggler-factor",
+        type=float,
+        default=DEFAULT_STRAGGLER_FACTOR,
+        metavar="F",
+        help="report a rank whose own share of each step (its step time minus its wait in the "
+        "gradient allreduce) stays above F times the other ranks' for 10 reports: a log line "
+        f"and a Straggler event (default {_number(DEFAULT_STRAGGLER_FACTOR)}; 0: not watched; "
+        "measured for scripts that use elastic_allreduce.DistributedGradientTape)",
+    )
 
 
 def add_command(parser: argparse.ArgumentParser) -> None:
@@ -273,6 +286,7 @@ def job_options(
     outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
     on_state_loss: OnStateLoss | str = DEFAULT_ON_STATE_LOSS,
+    straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -295,6 +309,7 @@ def job_options(
             outage_timeout=float(outage_timeout),
             keep_checkpoints=keep_checkpoints,
             on_state_loss=_on_state_loss(on_state_loss),
+            straggler_factor=float(straggler_factor),
         )
     )
 
@@ -329,6 +344,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         outage_timeout=args.outage_timeout,
         keep_checkpoints=args.keep_checkpoints,
         on_state_loss=args.on_state_loss,
+        straggler_factor=args.straggler_factor,
     )
 
 
@@ -367,6 +383,7 @@ def validate(options: JobOptions) -> JobOptions:
             f"--start-grace must be 0 or more seconds, got {_number(options.start_grace)}"
         )
     _validate_timeouts(options)
+    _validate_straggler_factor(options.straggler_factor)
     if options.checkpoint_dir is not None and not options.checkpoint_dir.strip():
         raise ConfigError("--checkpoint-dir is empty: give a directory, or leave the flag out")
     if options.keep_checkpoints < 1:
@@ -378,6 +395,14 @@ def validate(options: JobOptions) -> JobOptions:
         raise ConfigError("no training command: give it after `--`, e.g. `-- python train.py`")
     validate_job_id(options.job_id)
     return options
+
+
+def _validate_straggler_factor(factor: float) -> None:
+    if not (math.isfinite(factor) and (factor == 0 or factor > 1)):
+        raise ConfigError(
+            f"--straggler-factor must be 0 (not watched) or above 1, got {_number(factor)}: a "
+            "rank is a straggler when its share of a step is that many times the others'"
+        )
 
 
 def _validate_timeouts(options: JobOptions) -> None:
@@ -427,6 +452,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         resize_timeout=options.resize_timeout,
         outage_timeout=options.outage_timeout,
         on_state_loss=options.on_state_loss,
+        straggler_factor=options.straggler_factor,
     )
 
 
@@ -470,6 +496,8 @@ def to_args(options: JobOptions) -> list[str]:
         args += ["--keep-checkpoints", str(options.keep_checkpoints)]
     if options.on_state_loss is not DEFAULT_ON_STATE_LOSS:
         args += ["--on-state-loss", options.on_state_loss.value]
+    if options.straggler_factor != DEFAULT_STRAGGLER_FACTOR:
+        args += ["--straggler-factor", _number(options.straggler_factor)]
     return [*args, "--", *options.command]
 
 

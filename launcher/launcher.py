@@ -77,6 +77,7 @@ from launcher.policy import (
 from launcher.provisioners.api import Provisioner
 from launcher.rendezvous import ReadinessBoard, RendezvousService
 from launcher.state_loss import CheckpointSkipWatch, StateLossWatch
+from launcher.stragglers import StragglerWatch
 from launcher.watchdog import (
     HangFound,
     HangWatchdog,
@@ -225,6 +226,8 @@ class Launcher:
         self.watchdog = HangWatchdog(settings.job.hang_timeout)
         self.state_loss = StateLossWatch()
         self.checkpoint_skips = CheckpointSkipWatch()
+        factor = settings.job.straggler_factor
+        self.stragglers = StragglerWatch(factor) if factor > 0 else None
         self._ranks_written: RanksRecord | None = None
         self._ranks_due = 0.0
         self._ring_revision = 0
@@ -613,7 +616,8 @@ class Launcher:
     def _check_state(self, policy: RingPolicy, view: JobView, job: JobSnapshot) -> list[Decision]:
         """Whether a re-formed ring lost the newest commit (launcher.state_loss): each loss is
         announced (log, events, metrics) and, with ``--on-state-loss fail``, fails the job.
-        Checkpoints a process could not write are announced the same way."""
+        Checkpoints a process could not write, and stragglers (launcher.stragglers), are
+        announced the same way."""
         if job.progress is not None:
             record = job.progress.record
             commit_id, step = record.get("commit_id"), record.get("step")
@@ -630,6 +634,14 @@ class Launcher:
             decisions.append(
                 MembershipChange(ChangeKind.CHECKPOINT_SKIPPED, epoch, (skipped.slot,), message)
             )
+        ring = policy.ring
+        if self.stragglers is not None and ring is not None and ring.state is RingState.RUNNING:
+            for straggler in self.stragglers.step(ring.slots, reports):
+                message = straggler.describe()
+                decisions.append(Log(message))
+                decisions.append(
+                    MembershipChange(ChangeKind.STRAGGLER, ring.epoch, (straggler.slot,), message)
+                )
         for lost in self.state_loss.step(reports.values()):
             message = lost.describe()
             decisions.append(Log(message))

@@ -163,6 +163,9 @@ class ChangeKind(enum.Enum):
     STATE_LOST = "StateLost"
     #: A process could not write a checkpoint and skipped it (``slots``: that process).
     CHECKPOINT_SKIPPED = "CheckpointSkipped"
+    #: A rank holds the ring back: its share of each step is far above the others'
+    #: (launcher.stragglers; ``slots``: that rank).
+    STRAGGLER = "Straggler"
 
 
 @dataclass(frozen=True)

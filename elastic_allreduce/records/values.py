@@ -218,6 +218,9 @@ class JobSettings:
     outage_timeout: float = 300.0
     #: When no holder of the newest commit survived a failure.
     on_state_loss: OnStateLoss = OnStateLoss.RESTART_FROM_CHECKPOINT
+    #: A rank whose own share of each step stays above this many times the other ranks' is
+    #: reported as a straggler (0: not watched); see launcher/stragglers.py.
+    straggler_factor: float = 2.0
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -233,6 +236,7 @@ class JobSettings:
             "lease_ttl": self.lease_ttl,
             "outage_timeout": self.outage_timeout,
             "on_state_loss": self.on_state_loss.value,
+            "straggler_factor": self.straggler_factor,
         }
 
     @classmethod
@@ -253,6 +257,7 @@ class JobSettings:
             on_state_loss=fields.enum(
                 "on_state_loss", OnStateLoss, OnStateLoss.RESTART_FROM_CHECKPOINT
             ),
+            straggler_factor=fields.number("straggler_factor", 2.0),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(

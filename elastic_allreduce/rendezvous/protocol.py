@@ -394,6 +394,9 @@ class ProgressReport:
     checkpoints_skipped: int = 0
     #: Why the last one was skipped.
     checkpoint_skip: str | None = None
+    #: Seconds its last gradient allreduce took from local gradients to reduced ones (its wait
+    #: for the slowest rank); None when not measured.
+    collective_seconds: float | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -410,6 +413,7 @@ class ProgressReport:
                 "synced": None if self.synced is None else self.synced.to_json(),
                 "checkpoints_skipped": self.checkpoints_skipped,
                 "checkpoint_skip": self.checkpoint_skip,
+                "collective_seconds": self.collective_seconds,
             }
         ).encode()
 
@@ -417,20 +421,13 @@ class ProgressReport:
     def decode(cls, body: bytes) -> ProgressReport:
         """Parse a ``progress`` body; ProtocolError says what is wrong."""
         fields = _json_object(body, "progress", MAX_PROGRESS_BYTES)
-        seconds = fields.get("step_seconds")
-        if seconds is not None and not (
-            isinstance(seconds, (int, float))
-            and not isinstance(seconds, bool)
-            and math.isfinite(seconds)
-            and seconds >= 0
-        ):
-            raise ProtocolError(f"progress: step_seconds must be seconds >= 0, got {seconds!r}")
+        seconds = _opt_seconds(fields, "step_seconds")
         return cls(
             incarnation=_count(fields, "incarnation", "progress", minimum=1),
             ticks=_count(fields, "ticks", "progress"),
             step=None if fields.get("step") is None else _count(fields, "step", "progress"),
             phase=_opt_name(fields, "phase", "progress"),
-            step_seconds=None if seconds is None else float(seconds),
+            step_seconds=seconds,
             total_steps=(
                 None
                 if fields.get("total_steps") is None
@@ -454,6 +451,7 @@ class ProgressReport:
                 else _count(fields, "checkpoints_skipped", "progress")
             ),
             checkpoint_skip=_opt_name(fields, "checkpoint_skip", "progress"),
+            collective_seconds=_opt_seconds(fields, "collective_seconds"),
         )
 
 
@@ -520,6 +518,21 @@ class StacksReport:
             where=where or "unknown",
             stacks=stacks,
         )
+
+
+def _opt_seconds(fields: dict[str, object], name: str) -> float | None:
+    """An optional duration of a progress report: None, or finite seconds >= 0."""
+    seconds = fields.get(name)
+    if seconds is None:
+        return None
+    if not (
+        isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
+        and seconds >= 0
+    ):
+        raise ProtocolError(f"progress: {name} must be seconds >= 0, got {seconds!r}")
+    return float(seconds)
 
 
 def _json_object(body: bytes, what: str, limit: int) -> dict[str, object]:

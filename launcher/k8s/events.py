@@ -3,8 +3,8 @@
 :class:`EventRecorder` is the launcher's event sink in Kubernetes mode: every
 :class:`~launcher.policy.MembershipChange` (a join, a leave, a crash, a re-formed ring) becomes a
 core/v1 Event whose involvedObject is the launcher's pod (reason Joined, Left, Crashed,
-Reformed, StateLost or CheckpointSkipped; type Warning for crashes, lost state and checkpoints
-that could not be written), so ``kubectl describe pod
+Reformed, StateLost, CheckpointSkipped or Straggler; type Warning for crashes, lost state,
+checkpoints that could not be written and stragglers), so ``kubectl describe pod
 <launcher>`` and ``kubectl get events`` show the job's history. After each re-formed ring it
 also sets the annotation ``elastic-allreduce/ring`` on the launcher's pod (epoch and ranks).
 
@@ -37,7 +37,14 @@ from launcher.k8s.retry import TRANSIENT_BACKOFF, Backoff, retrying
 from launcher.policy import ChangeKind, MembershipChange
 
 #: Changes recorded as Warning events (the others are Normal).
-_WARNINGS = frozenset({ChangeKind.CRASHED, ChangeKind.STATE_LOST, ChangeKind.CHECKPOINT_SKIPPED})
+_WARNINGS = frozenset(
+    {
+        ChangeKind.CRASHED,
+        ChangeKind.STATE_LOST,
+        ChangeKind.CHECKPOINT_SKIPPED,
+        ChangeKind.STRAGGLER,
+    }
+)
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,8 @@ class EventKind(str, enum.Enum):
     STATE_LOST = "StateLost"
     #: A process could not write a checkpoint (a full disk, a write error) and skipped it.
     CHECKPOINT_SKIPPED = "CheckpointSkipped"
+    #: A rank holds the ring back (its share of each step far above the others').
+    STRAGGLER = "Straggler"
     #: The last commit as rank 0 reported it: ``step`` and ring ``size``.
     PROGRESS = "Progress"
     FINISHED = "Finished"

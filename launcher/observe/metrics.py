@@ -43,7 +43,7 @@ class JobMetrics:
         self.changes = Counter(
             "elastic_membership_changes",
             "Slots that joined, left or crashed, ring epochs re-formed, hangs found, states "
-            "lost and checkpoint write failures announced, by kind.",
+            "lost, checkpoint write failures and stragglers announced, by kind.",
             ["kind"],
             registry=r,
         )
@@ -114,6 +114,7 @@ class JobMetrics:
             EventKind.HUNG,
             EventKind.STATE_LOST,
             EventKind.CHECKPOINT_SKIPPED,
+            EventKind.STRAGGLER,
         )
         for kind in kinds:
             self.changes.labels(kind.value)  # every series exists from the start, at 0

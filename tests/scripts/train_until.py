@@ -40,6 +40,7 @@ def train(state):
         step_fn()
         state.step += 1
         time.sleep(args.step_delay)
+        ea.report_step(state.step)  # step times: the launcher's straggler watch
         if state.step % args.commit_every == 0:
             state.commit()
             emit("commit", state)

@@ -1,0 +1,80 @@
+"""How long this rank's last gradient allreduce waited: the input of the launcher's straggler
+watch (``launcher/stragglers.py``).
+
+In a synchronous ring every rank's step takes as long as the slowest rank's compute: the others
+wait for it inside the allreduce. So the time from "this rank's local gradients are ready" to
+"the reduced gradients are back" is long on fast ranks and short on a slow one, and a step's
+own compute share is its step time minus that wait -- measured on one clock per rank, so no
+clocks need to agree across machines.
+
+:func:`timed` wraps a Horovod ``DistributedGradientTape``'s allreduce: two ``tf.timestamp`` ops,
+one after the local gradients (a control dependency on each), one after the reduced ones, both
+written into one float64 variable of this process. They run inside the compiled step (no
+Python per step, no extra host sync); the progress beacon reads the variable about once a
+second. Not measured: Keras ``fit`` through ``DistributedOptimizer``, and scripts that call
+Horovod's allreduce themselves (their reports carry no wait; the watch then skips the ring).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import tensorflow as tf
+
+from elastic_allreduce import progress
+
+_lock = threading.Lock()
+_clock: tf.Variable | None = None
+
+
+def _variable() -> tf.Variable:
+    """The process's [ready, done] timestamps of the last allreduce (made once, eagerly)."""
+    global _clock  # noqa: PLW0603 - one clock per process
+    with _lock:
+        if _clock is None:
+            with tf.init_scope():
+                _clock = tf.Variable(
+                    tf.zeros([2], tf.float64), trainable=False, name="elastic_allreduce_clock"
+                )
+            progress.set_collective_clock(last_wait)
+        return _clock
+
+
+def last_wait() -> float | None:
+    """Seconds the last timed allreduce took from local gradients to reduced ones (None before
+    the first one)."""
+    with _lock:
+        clock = _clock
+    if clock is None:
+        return None
+    ready, done = (float(v) for v in clock.numpy())
+    return max(0.0, done - ready) if done > 0 else None
+
+
+def _tensors(gradients: list[Any]) -> list[tf.Tensor]:
+    """The dense tensors a control dependency can wait on (IndexedSlices: their values)."""
+    tensors = []
+    for gradient in gradients:
+        if gradient is None:
+            continue
+        tensors.append(gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient)
+    return tensors
+
+
+def timed(tape: Any) -> Any:  # noqa: ANN401 - Horovod's tape class is made at run time
+    """``tape`` (a Horovod ``DistributedGradientTape``) with its allreduce timed."""
+    allreduce = tape._allreduce_grads
+    clock = _variable()
+
+    def timed_allreduce(gradients: list[Any], sources: list[Any], *args: Any) -> Any:  # noqa: ANN401
+        with tf.control_dependencies(_tensors(gradients)):
+            ready = tf.timestamp()
+        reduced = allreduce(gradients, sources, *args)
+        with tf.control_dependencies([ready, *_tensors(list(reduced))]):
+            done = tf.timestamp()
+            clock.assign(tf.stack([ready, done]))
+        return reduced
+
+    tape._allreduce_grads = timed_allreduce
+    return tape

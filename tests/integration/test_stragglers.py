@@ -1,0 +1,82 @@
+"""A rank that holds the ring back is reported (issue #15, item 2): two ranks train evenly (no
+straggler, however slow each step), then one rank is held to 5 % of a CPU by a CPU quota (a
+cgroup, as a noisy neighbour or a throttled machine would) and the launcher names it -- a log
+line and a Straggler event. (A SIGSTOP duty cycle would slow it too, but the agent takes a
+process it sees stopped twice in a row for a hang and replaces it.)"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from elastic_allreduce.records import keys
+from elastic_allreduce.store import EmbeddedEtcd
+from tests.conftest import ROOT
+from tests.integration.harness import Job, start_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
+
+
+#: The cgroup (v1) CPU controller; root is a requirement of this suite (DESIGN.md).
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
+
+
+@contextlib.contextmanager
+def cpu_quota(pid: int, percent: int) -> Iterator[None]:
+    """Hold process ``pid`` (all its threads) to ``percent`` % of one CPU while inside; the
+    cgroup made for it is removed on the way out, whatever happened."""
+    assert (CPU_CGROUPS / "cgroup.procs").is_file(), f"no cgroup CPU controller at {CPU_CGROUPS}"
+    group = CPU_CGROUPS / f"elastic-allreduce-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+        (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for task in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                (CPU_CGROUPS / "cgroup.procs").write_text(task)
+        group.rmdir()
+
+
+def test_an_even_ring_has_no_straggler_and_a_duty_cycled_rank_is_reported(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    stop_file, events_file = tmp_path / "stop", tmp_path / "events.jsonl"
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--start-grace", "120", "--events-file", str(events_file)),
+        script=UNTIL_SCRIPT,
+        script_args=(
+            *("--stop-file", str(stop_file), "--step-delay", "0.05", "--commit-every", "50"),
+        ),
+    )
+    jobs.append(job)
+    # Evenly slow (50 ms of each step is every rank's own): the watch's window of 10 reports
+    # fills several times over, and nothing is reported.
+    job.wait_for(lambda: len(job.commits(2)) >= 2, 120, "both ranks training")
+    seen = len(job.commits(2))
+    job.wait_for(lambda: len(job.commits(2)) >= seen + 12, 120, "15 s of even training")
+    assert not any("straggler" in line for line in job.lines), job.tail()
+
+    victim = job.commits(2)[-1].slot if job.commits(2)[-1].data["rank"] == 1 else None
+    victim = victim or next(e.slot for e in job.commits(2) if e.data["rank"] == 1)
+    with cpu_quota(job.pid(keys.proc(victim)), 5):
+        job.wait_for(
+            lambda: any("is a straggler" in line for line in job.lines), 120, "the straggler"
+        )
+    (line,) = [line for line in job.lines if "is a straggler" in line]
+    assert f"slot {victim} is a straggler" in line, line
+    stop_file.touch()
+    assert job.finish() == 0, job.tail()
+    events = [json.loads(raw) for raw in events_file.read_text().splitlines()]
+    reported = [e for e in events if e["kind"] == "Straggler"]
+    assert [e["slots"] for e in reported] == [[victim]], reported
