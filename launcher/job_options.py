@@ -23,7 +23,12 @@ from typing import Final
 
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.keys import validate_job_id
-from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, JobSettings, OnStateLoss
+from elastic_allreduce.records.values import (
+    DEFAULT_KEEP_CHECKPOINTS,
+    JobSettings,
+    OnStateLoss,
+    StragglerPolicy,
+)
 
 DEFAULT_WORKERS: Final = 2
 DEFAULT_MIN_WORKERS: Final = 1
@@ -81,6 +86,8 @@ class JobOptions:
     on_state_loss: OnStateLoss = DEFAULT_ON_STATE_LOSS
     #: A rank slower than this many times the others is reported (0: not watched).
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR
+    #: What is done with a straggler.
+    straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
 
 
 def new_job_id() -> str:
@@ -246,6 +253,14 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         f"and a Straggler event (default {_number(DEFAULT_STRAGGLER_FACTOR)}; 0: not watched; "
         "measured for scripts that use elastic_allreduce.DistributedGradientTape)",
     )
+    group.add_argument(
+        "--straggler-policy",
+        choices=[choice.value for choice in StragglerPolicy],
+        default=StragglerPolicy.REPORT.value,
+        help="what is done with a straggler: report it (the default), or also evict it -- "
+        "stop its node and start another in its place, when the ring would step faster "
+        "without it and keeps --min-workers meanwhile (nodes the launcher started only)",
+    )
 
 
 def add_command(parser: argparse.ArgumentParser) -> None:
@@ -287,6 +302,7 @@ def job_options(
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS,
     on_state_loss: OnStateLoss | str = DEFAULT_ON_STATE_LOSS,
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
+    straggler_policy: StragglerPolicy | str = StragglerPolicy.REPORT,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -310,8 +326,17 @@ def job_options(
             keep_checkpoints=keep_checkpoints,
             on_state_loss=_on_state_loss(on_state_loss),
             straggler_factor=float(straggler_factor),
+            straggler_policy=_straggler_policy(straggler_policy),
         )
     )
+
+
+def _straggler_policy(value: StragglerPolicy | str) -> StragglerPolicy:
+    try:
+        return StragglerPolicy(value)
+    except ValueError:
+        choices = " or ".join(choice.value for choice in StragglerPolicy)
+        raise ConfigError(f"--straggler-policy must be {choices}, got {value!r}") from None
 
 
 def _on_state_loss(value: OnStateLoss | str) -> OnStateLoss:
@@ -345,6 +370,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         keep_checkpoints=args.keep_checkpoints,
         on_state_loss=args.on_state_loss,
         straggler_factor=args.straggler_factor,
+        straggler_policy=args.straggler_policy,
     )
 
 
@@ -453,6 +479,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         outage_timeout=options.outage_timeout,
         on_state_loss=options.on_state_loss,
         straggler_factor=options.straggler_factor,
+        straggler_policy=options.straggler_policy,
     )
 
 
@@ -498,6 +525,8 @@ def to_args(options: JobOptions) -> list[str]:
         args += ["--on-state-loss", options.on_state_loss.value]
     if options.straggler_factor != DEFAULT_STRAGGLER_FACTOR:
         args += ["--straggler-factor", _number(options.straggler_factor)]
+    if options.straggler_policy is not StragglerPolicy.REPORT:
+        args += ["--straggler-policy", options.straggler_policy.value]
     return [*args, "--", *options.command]
 
 

@@ -48,6 +48,7 @@ from elastic_allreduce.records.values import (
     ProcPhase,
     RanksRecord,
     RingState,
+    StragglerPolicy,
 )
 from elastic_allreduce.rendezvous.protocol import Admission, Commit, host_port, new_token
 from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
@@ -77,7 +78,7 @@ from launcher.policy import (
 from launcher.provisioners.api import Provisioner
 from launcher.rendezvous import ReadinessBoard, RendezvousService
 from launcher.state_loss import CheckpointSkipWatch, StateLossWatch
-from launcher.stragglers import StragglerWatch
+from launcher.stragglers import Straggler, StragglerWatch
 from launcher.watchdog import (
     HangFound,
     HangWatchdog,
@@ -642,6 +643,8 @@ class Launcher:
                 decisions.append(
                     MembershipChange(ChangeKind.STRAGGLER, ring.epoch, (straggler.slot,), message)
                 )
+                if self.settings.job.straggler_policy is StragglerPolicy.EVICT:
+                    decisions += self._evict(policy, view, straggler, len(ring.slots))
         for lost in self.state_loss.step(reports.values()):
             message = lost.describe()
             decisions.append(Log(message))
@@ -649,6 +652,22 @@ class Launcher:
             if self.settings.job.on_state_loss is OnStateLoss.FAIL:
                 decisions += policy.fail(f"{message} (--on-state-loss fail)", view)
         return decisions
+
+    def _evict(
+        self, policy: RingPolicy, view: JobView, straggler: Straggler, size: int
+    ) -> list[Decision]:
+        """``--straggler-policy evict``: replace the straggler's node when the ring would step
+        faster without it and keeps --min-workers while the new node starts."""
+        if not straggler.faster_without(size):
+            return [Log(f"not evicting slot {straggler.slot}: {size} ranks step faster with it")]
+        if size - 1 < self.settings.job.min_workers:
+            return [
+                Log(
+                    f"not evicting slot {straggler.slot}: the ring would fall below "
+                    f"--min-workers {self.settings.job.min_workers}"
+                )
+            ]
+        return policy.evict(straggler.slot, f"a straggler, {straggler.factor:.1f}x", view)
 
     def _on_hang(self, found: HangFound, policy: RingPolicy, view: JobView) -> list[Decision]:
         record = found.record

@@ -855,6 +855,27 @@ class RingPolicy:
         self.killed_stuck.add((slot, proc.incarnation))
         return [Log(why), self._set_slot(member, index, proc.incarnation + 1)]
 
+    def evict(self, slot: str, reason: str, view: JobView) -> list[Decision]:
+        """Stop the node of a straggler (``--straggler-policy evict``) and start another in its
+        place: the target stays, so the next step asks for a node. The stopped node leaves
+        gracefully (its agent gets SIGTERM): the ring shrinks at its next commit, nothing rolls
+        back, and no restart is spent (not the user's failure)."""
+        node, _ = split_slot(slot)
+        if self.phase is not Phase.RUNNING or self.nodes.state(node) is not NodeState.REGISTERED:
+            return [Log(f"not evicting slot {slot}: node {node} is not a running member")]
+        if node in self.joined:
+            return [
+                Log(
+                    f"not evicting slot {slot}: node {node} joined by itself (elastic-run "
+                    "join), and this launcher can neither stop nor replace it"
+                )
+            ]
+        self.nodes.move(node, NodeState.STOPPING, view.now)
+        return [
+            Log(f"evicting node {node} ({reason}); starting another in its place"),
+            StopNode(node),
+        ]
+
     def fail(self, reason: str, view: JobView) -> list[Decision]:
         """End the job as failed now (a second hang at the same place)."""
         if self.phase in (Phase.SUCCEEDED, Phase.FAILED):

@@ -40,6 +40,13 @@ class Straggler:
     def factor(self) -> float:
         return self.share / self.others if self.others > 0 else float("inf")
 
+    def faster_without(self, size: int) -> bool:
+        """Whether a ring of ``size`` ranks would step faster without this one: with a fixed
+        global batch the others' shares grow by ``size / (size - 1)``, and the step takes the
+        slowest share (so also for a per-rank batch: fewer samples per step, but in a shorter
+        step by more than that)."""
+        return size >= 2 and self.factor > size / (size - 1)
+
     def describe(self) -> str:
         return (
             f"slot {self.slot} is a straggler: its share of each step is {self.share:.3f} s, "

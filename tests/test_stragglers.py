@@ -9,10 +9,12 @@ import math
 import pytest
 
 from elastic_allreduce.errors import ConfigError, ProtocolError
-from elastic_allreduce.records.values import JobSettings
+from elastic_allreduce.records.values import JobSettings, StragglerPolicy
 from elastic_allreduce.rendezvous.protocol import ProgressReport
 from launcher import job_options
+from launcher.policy import Log, Member, NodeState, StartNodes, StopNode
 from launcher.stragglers import Straggler, StragglerWatch
+from tests.test_policy import of, started_job, step
 
 RING = ("n0.0", "n1.0", "n2.0")
 
@@ -124,3 +126,48 @@ def test_the_straggler_factor_is_a_job_option_stored_with_the_job() -> None:
         assert str(caught.value).startswith(
             f"--straggler-factor must be 0 (not watched) or above 1, got {shown}"
         )
+
+
+# -- --straggler-policy evict ---------------------------------------------------------------------
+
+
+def test_evicting_pays_off_only_when_the_others_would_step_faster_without_it() -> None:
+    assert Straggler("n1.0", 0.3, 0.1).faster_without(2)  # 3x > 2/1
+    assert not Straggler("n1.0", 0.19, 0.1).faster_without(2)  # the other would take 0.2 s
+    assert Straggler("n1.0", 0.16, 0.1).faster_without(3)  # 1.6x > 3/2
+    assert not Straggler("n1.0", 0.3, 0.1).faster_without(1)
+
+
+def test_an_evicted_straggler_s_node_is_stopped_and_replaced_without_a_restart() -> None:
+    policy, world, _ = started_job(max_restarts=0)
+    decisions = policy.evict("n1.0", "a straggler, 3.0x", world.view())
+    assert StopNode("n1") in decisions
+    assert "evicting node n1 (a straggler, 3.0x); starting another in its place" in [
+        d.message for d in of(Log, decisions)
+    ]
+    assert policy.node_state("n1") is NodeState.STOPPING
+    # Its agent leaves gracefully; the target stays, so another node is asked for at once.
+    world.members["n1"] = Member("n1", 1, True, world.members["n1"].registered)
+    assert StartNodes(1) in step(policy, world)
+    assert policy.target_workers == 3 and policy.restarts_used == 0
+    # A node that joined by itself cannot be stopped or replaced by the launcher.
+    world.add_node("j9")
+    step(policy, world)
+    (refused,) = of(Log, policy.evict("j9.0", "a straggler", world.view()))
+    assert "joined by itself" in refused.message
+
+
+def test_the_straggler_policy_is_a_job_option_stored_with_the_job() -> None:
+    parser = argparse.ArgumentParser()
+    job_options.add_job_flags(parser)
+    job_options.add_command(parser)
+    default = job_options.job_options(["t.py"])
+    assert job_options.job_settings(default).straggler_policy is StragglerPolicy.REPORT
+    assert "--straggler-policy" not in job_options.to_args(default)
+    parsed = job_options.from_args(parser.parse_args(["--straggler-policy", "evict", "--", "t.py"]))
+    settings = job_options.job_settings(parsed)
+    assert settings.straggler_policy is StragglerPolicy.EVICT
+    assert JobSettings.from_json("config/job", settings.to_json()) == settings
+    assert job_options.from_args(parser.parse_args(job_options.to_args(parsed))) == parsed
+    with pytest.raises(ConfigError, match="--straggler-policy must be report or evict"):
+        job_options.job_options(["t.py"], straggler_policy="shoot")

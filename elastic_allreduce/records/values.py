@@ -181,6 +181,16 @@ class LeaderRecord:
         )
 
 
+class StragglerPolicy(str, enum.Enum):
+    """What the job does with a straggler (``--straggler-policy``)."""
+
+    #: Log it and record an event.
+    REPORT = "report"
+    #: Also stop its node and start another in its place, when the ring would step faster
+    #: without it.
+    EVICT = "evict"
+
+
 class OnStateLoss(str, enum.Enum):
     """What the job does when a ring lost the newest commit (``--on-state-loss``)."""
 
@@ -221,6 +231,8 @@ class JobSettings:
     #: A rank whose own share of each step stays above this many times the other ranks' is
     #: reported as a straggler (0: not watched); see launcher/stragglers.py.
     straggler_factor: float = 2.0
+    #: What is done with a straggler.
+    straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -237,6 +249,7 @@ class JobSettings:
             "outage_timeout": self.outage_timeout,
             "on_state_loss": self.on_state_loss.value,
             "straggler_factor": self.straggler_factor,
+            "straggler_policy": self.straggler_policy.value,
         }
 
     @classmethod
@@ -258,6 +271,9 @@ class JobSettings:
                 "on_state_loss", OnStateLoss, OnStateLoss.RESTART_FROM_CHECKPOINT
             ),
             straggler_factor=fields.number("straggler_factor", 2.0),
+            straggler_policy=fields.enum(
+                "straggler_policy", StragglerPolicy, StragglerPolicy.REPORT
+            ),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(

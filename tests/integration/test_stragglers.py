@@ -80,3 +80,36 @@ def test_an_even_ring_has_no_straggler_and_a_duty_cycled_rank_is_reported(
     events = [json.loads(raw) for raw in events_file.read_text().splitlines()]
     reported = [e for e in events if e["kind"] == "Straggler"]
     assert [e["slots"] for e in reported] == [[victim]], reported
+
+
+def test_an_evicted_straggler_is_replaced_and_training_goes_on_with_the_same_weights(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    stop_file = tmp_path / "stop"
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--start-grace", "120", "--straggler-policy", "evict"),
+        script=UNTIL_SCRIPT,
+        script_args=(
+            *("--stop-file", str(stop_file), "--step-delay", "0.05", "--commit-every", "50"),
+        ),
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 2, 120, "both ranks training")
+    victim = next(e.slot for e in job.commits(2) if e.data["rank"] == 1)
+    with cpu_quota(job.pid(keys.proc(victim)), 5):
+        job.wait_for(lambda: any("evicting node" in line for line in job.lines), 120, "eviction")
+    node = victim.split(".")[0]
+    assert any(f"evicting node {node} (a straggler" in line for line in job.lines), job.tail()
+    # Its node leaves gracefully (no rollback, no restart spent) and a new node takes its place.
+    job.wait_for(
+        lambda: any(e.slot.split(".")[0] not in (node, "n0") for e in job.commits(2)),
+        120,
+        "the replacement training at size 2",
+    )
+    stop_file.touch()
+    assert job.finish() == 0, job.tail()
+    assert not any("rolled back" in line or "crashed" in line for line in job.lines), job.tail()
+    done = job.done()
+    assert len(done) == 2 and node not in {e.slot.split(".")[0] for e in done}, done
+    assert len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
