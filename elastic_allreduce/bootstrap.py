@@ -370,10 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(
             "usage: python -m elastic_allreduce.bootstrap SCRIPT [ARGS] | -m MODULE [ARGS]"
         )
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s %(levelname)s slot {os.environ.get(env.SLOT)}: %(message)s",
-    )
+    # The agent prefixes every line with the job, ring epoch, rank and slot; messages that
+    # need the slot name it themselves.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     slot = _required(env.SLOT)
     store = EtcdStore(
         _required(env.ETCD_ENDPOINTS),
