@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -50,7 +51,13 @@ from elastic_allreduce.records.values import (
     RingState,
     StragglerPolicy,
 )
-from elastic_allreduce.rendezvous.protocol import Admission, Commit, host_port, new_token
+from elastic_allreduce.rendezvous.protocol import (
+    Admission,
+    Commit,
+    host_port,
+    new_token,
+    split_host_port,
+)
 from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.agent import NodeTemplate
@@ -92,6 +99,8 @@ log = logging.getLogger("elastic-run")
 
 #: Seconds between two writes of ``status/ranks`` (only when a member's progress changed).
 RANKS_INTERVAL: Final = 2.0
+#: Seconds a `run` that finds another launcher leading gives its rendezvous to answer a connect.
+DEAD_LEADER_PROBE: Final = 2.0
 #: What ``status/hang`` keeps of the stacks (the log has them all): the first ranks not in a
 #: collective, each cut to this many characters -- an etcd value is at most 1.5 MiB.
 STORED_STACKS: Final = 8
@@ -342,7 +351,6 @@ class Launcher:
         directives. Workers learn the new rendezvous address from the leader record."""
         job = parse_job(self.store.get_prefix().items, 0)
         self._report_skipped(job)
-        self.provisioner.adopt({node: stored.record for node, stored in job.members.items()})
         ring = None
         if job.ring is not None:
             ring = job.ring.record
@@ -351,9 +359,17 @@ class Launcher:
         directives = {
             node: dict(stored.record.incarnations) for node, stored in job.directives.items()
         }
-        for decision in policy.adopt(ring, self._view(job), directives):
+        # Right after an etcd outage the ring's nodes and processes register again: the
+        # policy waits for them as long as the outage hold lasts (RingPolicy.adopt).
+        for decision in policy.adopt(ring, self._view(job), directives, self._hold.seconds):
             self._execute(decision)
+        if not policy.adopting:
+            self._adopt_nodes(job)
         self._restamp_directives()
+
+    def _adopt_nodes(self, job: JobSnapshot) -> None:
+        """Let the provisioner manage the adopted job's nodes (once: when the policy adopts)."""
+        self.provisioner.adopt({node: stored.record for node, stored in job.members.items()})
 
     def _serve_dashboard(self) -> str | None:
         """Start the dashboard, /metrics and /api on --metrics-port; its address, if served."""
@@ -397,6 +413,8 @@ class Launcher:
                     return JobResult(phase is JobPhase.SUCCEEDED, reason or phase.value)
                 return None
             if not self.standby:
+                if self._dead_leader_gone():
+                    continue
                 raise ConfigError(
                     f"job {self.settings.job_id!r} already has a live launcher at "
                     f"{self.store.describe()}; use another --job-id, `elastic-run join` to add "
@@ -406,6 +424,48 @@ class Launcher:
             ended = self._stand_by()
             if ended is not None:
                 return ended
+
+    def _dead_leader_gone(self) -> bool:
+        """Whether the leader key belongs to a launcher that is dead and the key is gone now:
+        its rendezvous refuses connections, so its lease lapses within a TTL, which this waits
+        out (a `run` started again at once after a SIGKILL adopts the job instead of being
+        refused). A leader whose rendezvous answers, or that is not served yet, is alive."""
+        dead = self._refusing_leader()
+        if dead is None:
+            return self.store.get(keys.LEADER) is None
+        wait = 2 * self.settings.job.lease_ttl + 2
+        self._log(
+            f"the job's launcher at {dead} is not answering; waiting up to {wait} s for its "
+            "lease to lapse"
+        )
+        deadline = time.monotonic() + wait
+        with self.store.watch_prefix(keys.LEADER) as watch:
+            while self.store.get(keys.LEADER) is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                watch.get(min(remaining, 1.0))
+        return True
+
+    def _refusing_leader(self) -> str | None:
+        """The rendezvous address of the stored leader if it refuses connections (nothing
+        listens there: the launcher is gone), else None."""
+        stored = self.store.get(keys.LEADER)
+        endpoint = None
+        if stored is not None:
+            with contextlib.suppress(MalformedValueError):
+                endpoint = LeaderRecord.from_json(stored.key, stored.value).endpoint()
+        if endpoint is None:
+            return None
+        try:
+            socket.create_connection(
+                split_host_port(endpoint.address), timeout=DEAD_LEADER_PROBE
+            ).close()
+        except ConnectionRefusedError:
+            return endpoint.address
+        except OSError:
+            pass  # unreachable from here, or slow: it may well be alive elsewhere
+        return None
 
     def _stand_by(self) -> JobResult | None:
         """Wait until the leader key is gone (then: None, try to lead) or the job ended (its
@@ -482,11 +542,14 @@ class Launcher:
                 if self.observer is not None:
                     self.observer.update(job, policy.target_workers, policy.restarts_used)
                 view = self._view(job)
+                adopting = policy.adopting
                 decisions = [
                     *policy.step(view),
                     *self._watch(policy, view),
                     *self._check_state(policy, view, job),
                 ]
+                if adopting and not policy.adopting:
+                    self._adopt_nodes(job)
                 for decision in decisions:
                     if isinstance(decision, StartNodes):
                         started = self.provisioner.start_nodes(decision.count)

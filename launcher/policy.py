@@ -220,6 +220,29 @@ class JobView:
     dead_nodes: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class _Adoption:
+    """A takeover waiting for the adopted ring's members to register again (RingPolicy.adopt)."""
+
+    ring: Ring
+    directives: Mapping[str, Mapping[int, int]]
+    #: When it stops waiting: whatever is still missing then is handled as lost.
+    until: float
+
+
+def missing_at_takeover(ring: Ring | None, view: JobView) -> tuple[str, ...]:
+    """What a takeover waits for: the nodes and processes of ``ring`` absent from the view
+    (their leases expired), except slots whose exit was reported. Sorted."""
+    if ring is None:
+        return ()
+    exited = {exit_.slot for exit_ in view.exits}
+    nodes = {split_slot(slot)[0] for slot in ring.slots} - view.members.keys()
+    slots = {slot for slot in ring.slots if slot not in view.procs and slot not in exited}
+    return tuple(sorted(f"node {n}" for n in nodes)) + tuple(
+        sorted(f"slot {s}" for s in slots if split_slot(s)[0] not in nodes)
+    )
+
+
 class PolicyError(ElasticAllreduceError):
     """The policy was asked to do something its rules forbid (a bug in its caller or in it)."""
 
@@ -455,6 +478,9 @@ class RingPolicy:
         self.lost_pending: dict[str, tuple[int, float, str]] = {}
         #: Nodes left out of the ring because they and a peer cannot reach each other.
         self.parked: frozenset[str] = frozenset()
+        #: A takeover held back until the adopted ring's nodes and processes register again
+        #: (see :meth:`adopt`); None once the job is adopted.
+        self._adopting: _Adoption | None = None
 
     @property
     def target_workers(self) -> int:
@@ -482,6 +508,12 @@ class RingPolicy:
         if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
             return self._reject_all_waiters(view)
         decisions: list[Decision] = []
+        if self._adopting is not None:
+            pending = self._adopting
+            if view.now < pending.until and missing_at_takeover(pending.ring, view):
+                return []
+            self._adopting = None
+            decisions += self._adopt(pending.ring, view, pending.directives)
         for exit_ in view.exits:
             decisions += self._on_exit(exit_, view)
         decisions += self._on_lost_leases(view)
@@ -508,12 +540,42 @@ class RingPolicy:
                 self.nodes.move(node, NodeState.REQUESTED, now)
 
     def adopt(
-        self, ring: Ring | None, view: JobView, directives: Mapping[str, Mapping[int, int]]
+        self,
+        ring: Ring | None,
+        view: JobView,
+        directives: Mapping[str, Mapping[int, int]],
+        hold: float = 0.0,
     ) -> list[Decision]:
         """Take over a running job whose launcher is gone, from what the store holds: its
         ring (kept as it is: no new epoch, no rollback), its members (as nodes that joined by
         themselves: this launcher did not start them and cannot start them again) and the
-        directives they follow. The restarts spent go on from the ring's count."""
+        directives they follow. The restarts spent go on from the ring's count.
+
+        Right after an etcd outage every lease has expired: the ring's nodes and processes
+        are missing from the view until they register again. For up to ``hold`` seconds the
+        takeover waits for them (:func:`missing_at_takeover`; :meth:`step` decides nothing
+        meanwhile), so that they are not taken for dead: no node started, none stopped.
+        """
+        missing = missing_at_takeover(ring, view)
+        if ring is not None and missing and hold > 0:
+            self._adopting = _Adoption(ring, directives, view.now + hold)
+            return [
+                Log(
+                    f"took over ring epoch {ring.epoch}, but {', '.join(missing)} "
+                    "not registered (their leases expired while etcd was away?): waiting up to "
+                    f"{hold:.0f} s for them to register again"
+                )
+            ]
+        return self._adopt(ring, view, directives)
+
+    @property
+    def adopting(self) -> bool:
+        """Whether a takeover still waits for the adopted ring's members (see :meth:`adopt`)."""
+        return self._adopting is not None
+
+    def _adopt(
+        self, ring: Ring | None, view: JobView, directives: Mapping[str, Mapping[int, int]]
+    ) -> list[Decision]:
         self.started_at = view.now - self.settings.start_grace
         for node in view.members:
             self.nodes.move(node, NodeState.REGISTERED, view.now)
@@ -521,8 +583,11 @@ class RingPolicy:
         live = sum(1 for m in view.members.values() if not m.leaving)
         wanted = view.scale_target if view.scale_target is not None else live
         self.scale_request = view.scale_target
+        # Up to --min-workers only for a launcher that starts nodes itself: with --workers 0
+        # nodes join by `elastic-run join`, and this one starts none of its own accord.
+        least = min(self.settings.min_workers, self.target_workers)
         self._set_target(
-            max(self.settings.min_workers, min(self.settings.max_workers, wanted)),
+            max(least, min(self.settings.max_workers, wanted)),
             "the members of the job this launcher took over",
         )
         self.directives = {node: dict(slots) for node, slots in directives.items()}

@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import os
+import socket
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from elastic_allreduce.errors import ProvisionerError
+from elastic_allreduce.errors import ConfigError, ProvisionerError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import JobSnapshot, read_job
 from elastic_allreduce.records.values import (
@@ -27,6 +28,7 @@ from elastic_allreduce.records.values import (
     ExitRecord,
     JobPhase,
     JobSettings,
+    LeaderRecord,
     MemberRecord,
     ProcPhase,
     ProcRecord,
@@ -344,3 +346,43 @@ def test_a_guarded_write_needs_the_guard_key_under_that_lease(store: EtcdStore) 
     assert status is not None and status.value == {"phase": "running"}
     mine.revoke()
     other.revoke()
+
+
+def test_a_run_started_again_waits_out_a_dead_leader_s_lease_but_not_a_live_one(
+    etcd_server: EmbeddedEtcd, store: EtcdStore
+) -> None:
+    """`run` finds the leader key held: a launcher whose rendezvous refuses connections is
+    dead (SIGKILLed a moment ago), so its lease is waited out and the job adopted; one whose
+    rendezvous answers is alive, and that is one clear ConfigError at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    dead = store.grant_lease(2)
+    record = LeaderRecord(f"127.0.0.1:{closed_port}", None, "old-token")
+    assert store.create(keys.LEADER, record.to_json(), lease=dead) is not None
+    dead.stop_keepalive()  # as its SIGKILLed owner's: the lease lapses within 2 s
+    with start_launcher(store, RecordingProvisioner()) as (result, _):
+        wait_for(
+            store,
+            lambda j: (
+                j.leader is not None
+                and j.leader.lease != dead.id
+                and j.leader.record.rendezvous is not None
+            ),
+            20,
+            "the new launcher leading after the dead one's lease lapsed",
+        )
+        assert not result.done()
+    with (
+        socket.create_server(("127.0.0.1", 0)) as alive,
+        EtcdStore(etcd_server.endpoints_text, fresh_job_id("inproc")) as other,
+    ):
+        lease = other.grant_lease(5)
+        record = LeaderRecord(f"127.0.0.1:{alive.getsockname()[1]}", None, "its-token")
+        assert other.create(keys.LEADER, record.to_json(), lease=lease) is not None
+        with (
+            start_launcher(other, RecordingProvisioner()) as (result, _),
+            pytest.raises(ConfigError, match="already has a live launcher"),
+        ):
+            result.result(20)
+        lease.revoke()

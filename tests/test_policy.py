@@ -7,7 +7,12 @@ from typing import TypeVar
 
 import pytest
 
-from elastic_allreduce.records.values import STATE_MISMATCH_EXIT_CODE, JobSettings, RingState
+from elastic_allreduce.records.values import (
+    STATE_MISMATCH_EXIT_CODE,
+    JobSettings,
+    Ring,
+    RingState,
+)
 from elastic_allreduce.rendezvous.model import REMOVED, next_membership
 from elastic_allreduce.rendezvous.protocol import WaitKind
 from launcher.policy import (
@@ -25,6 +30,7 @@ from launcher.policy import (
     StartNodes,
     StopNode,
     WriteRing,
+    missing_at_takeover,
     parked_nodes,
 )
 
@@ -491,3 +497,95 @@ def test_the_rings_carry_the_restarts_spent_and_a_successor_goes_on_from_there()
     decisions = step(successor, world)
     assert any("no restarts left" in d.message for d in of(Log, decisions)), decisions
     assert SetDirective("n1", ()) in decisions
+
+
+def running_ring(world: World, nodes: int) -> Ring:
+    """A ring epoch 1 of ``nodes`` nodes that joined by themselves, formed by a launcher
+    whose successor is under test."""
+    leader = make_policy(0, min_workers=nodes, max_workers=nodes)
+    for i in range(nodes):
+        world.add_node(f"n{i}")
+    step(leader, world)
+    assert leader.ring is not None and leader.ring.state is RingState.RUNNING
+    return leader.ring
+
+
+def test_a_takeover_right_after_an_outage_waits_for_the_ring_to_register_again() -> None:
+    """Issue #12 (soak): a standby that takes over as etcd comes back from a quorum loss
+    finds every lease expired. It waits for the ring's nodes to register again: it starts no
+    node (--workers 0) and stops none, and the ring goes on as it was."""
+    world = World()
+    stored = running_ring(world, 2)
+    successor = make_policy(0, min_workers=2, max_workers=2)  # `run --standby --workers 0`
+    world.members, world.procs, world.waiting = {}, {}, {}  # every lease expired
+    world.now = 10.0
+    decisions = successor.adopt(stored, world.view(), {}, hold=8.0)
+    waited = [*decisions, *step(successor, world)]
+    world.now = 12.0
+    world.add_node("n0")  # registered again (a new revision), its process too
+    world.waiting.clear()
+    waited += step(successor, world)
+    assert of(StartNodes, waited) == [] and of(StopNode, waited) == [], waited
+    assert of(Log, waited) == decisions  # nothing is decided about them while they are away
+    (waiting,) = of(Log, decisions)
+    assert "node n0, node n1 not registered" in waiting.message, waiting
+    assert "waiting up to 8 s for them to register again" in waiting.message, waiting
+    world.now = 13.0
+    world.add_node("n1")
+    world.waiting.clear()
+    decisions = step(successor, world)
+    assert any("took over ring epoch 1" in d.message for d in of(Log, decisions)), decisions
+    for _ in range(3):
+        world.now += 1.0
+        decisions += step(successor, world)
+    decisions += waited
+    assert of(StartNodes, decisions) == [] and of(StopNode, decisions) == []
+    assert of(WriteRing, decisions) == []  # no new epoch: the ranks go on training
+    assert successor.ring == stored
+    assert successor.target_workers == 2 and successor.restarts_used == 0
+
+
+def test_a_takeover_stops_waiting_when_the_hold_ends_and_starts_no_node_itself() -> None:
+    """A node that does not come back within the hold is lost; with --workers 0 the
+    successor waits for workers (--min-workers) instead of starting any."""
+    world = World()
+    stored = running_ring(world, 2)
+    successor = make_policy(0, min_workers=2, max_workers=2)
+    world.members, world.procs, world.waiting = {}, {}, {}
+    world.now = 10.0
+    successor.adopt(stored, world.view(), {}, hold=8.0)
+    world.now = 12.0
+    world.add_node("n0")
+    world.waiting.clear()
+    assert step(successor, world) == []
+    world.now = 18.5  # the hold is over: n1 is gone
+    decisions = step(successor, world)
+    assert not successor.adopting
+    assert any("waiting for workers: 1 of at least 2" in d.message for d in of(Log, decisions)), (
+        decisions
+    )
+    assert of(StartNodes, decisions) == [] and of(StopNode, decisions) == []
+    assert successor.target_workers == 1
+
+
+def test_a_takeover_with_every_member_registered_does_not_wait() -> None:
+    world = World()
+    stored = running_ring(world, 2)
+    successor = make_policy(0, min_workers=2, max_workers=2)
+    decisions = successor.adopt(stored, world.view(), {}, hold=8.0)
+    assert not successor.adopting
+    assert any("took over ring epoch 1" in d.message for d in of(Log, decisions)), decisions
+    assert step(successor, world) == []
+
+
+def test_a_takeover_waits_for_no_slot_whose_exit_was_reported() -> None:
+    world = World()
+    stored = running_ring(world, 2)
+    world.waiting.clear()
+    world.kill("n1.0", code=1, signal=None)  # its agent reported the exit: nothing to wait for
+    successor = make_policy(0, min_workers=2, max_workers=2)
+    assert missing_at_takeover(stored, world.view()) == ()
+    del world.members["n1"]
+    assert missing_at_takeover(stored, world.view()) == ("node n1",)
+    successor.adopt(stored, world.view(), {}, hold=8.0)
+    assert successor.adopting  # a node that is gone is waited for, whatever its slots did
