@@ -285,6 +285,52 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_a_process_waiting_for_its_first_epoch_follows_a_launcher_that_takes_over(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """A process at the barrier when its launcher dies waits at the successor's (through its
+    relay, with the successor's token) instead of failing and costing a restart."""
+    stop_file = tmp_path / "stop"
+    script_args = ("--stop-file", str(stop_file), "--commit-every", "5", "--step-delay", "0.03")
+    leader = start_job(etcd_server, *FLAGS, script=UNTIL_SCRIPT, script_args=script_args)
+    jobs.append(leader)
+    leader.wait_for(lambda: any("started nodes" in line for line in leader.lines), 60, "leader")
+    standby = start_standby(etcd_server, leader, FLAGS, script_args)
+    jobs.append(standby)
+    # One node of the two the job needs: its process imports TensorFlow, starts its relay and
+    # waits at the barrier, which no epoch passes yet.
+    first = join_job(etcd_server, leader)
+    jobs.append(first)
+    first.wait_for(lambda: any("relaying" in line for line in first.lines), 120, "the relay")
+    (proc,) = leader.store.get_prefix(keys.PROCS)
+    slot = keys.parse(proc.key).slot
+    pid = leader.pid(proc.key)
+    leader.proc.send_signal(signal.SIGKILL)
+    standby.wait_for(
+        lambda: any("had not formed its first ring" in line for line in standby.lines),
+        30,
+        "the standby taking over",
+    )
+    second = join_job(etcd_server, leader)
+    jobs.append(second)
+    second.wait_for(
+        lambda: (
+            {e.slot for e in first.commits(2) + second.commits(2)} >= {slot}
+            and len(second.commits(2)) >= 2
+        ),
+        120,
+        "both ranks committing under the new launcher",
+    )
+    assert leader.pid(keys.proc(slot)) == pid  # the same process, never restarted
+    assert any("went away while this process waited" in line for line in first.lines), first.tail()
+    stop_file.touch()
+    assert standby.finish(timeout=120) == 0, standby.tail()
+    for node in (first, second):
+        assert node.finish(timeout=60) == 0, node.tail()
+    started = [line for line in first.lines if "started incarnation" in line]
+    assert len(started) == 1, started
+
+
 def test_a_node_joining_while_its_launcher_is_replaced_follows_the_new_one(
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
