@@ -31,6 +31,7 @@ from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import (
     ConfigError,
     ElasticAllreduceError,
+    LeaseLostError,
     MalformedValueError,
     StoreError,
     StoreUnavailableError,
@@ -261,8 +262,9 @@ class Launcher:
             if ended is not None:
                 return ended
             adopted = self._write_config()
+            assert self._lease is not None  # _become_leader may have granted a new one
             try:
-                return self._lead(lease, adopted)
+                return self._lead(self._lease, adopted)
             except KeyboardInterrupt:
                 if self.hand_over_on_interrupt:
                     return self._hand_over()
@@ -402,10 +404,15 @@ class Launcher:
         holds it and returns the job's result if the job ends meanwhile; otherwise a live
         leader is one clear ConfigError."""
         while True:
-            if (
-                self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease)
-                is not None
-            ):
+            try:
+                created = self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease)
+            except LeaseLostError:
+                # A standby's own lease lapsed while it waited (etcd away past its TTL): it
+                # takes the job over under a new one.
+                self._log("this launcher's lease lapsed while it stood by; granting a new one")
+                lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
+                continue
+            if created is not None:
                 phase, reason = self._stored_phase()
                 if self.standby and phase is not None and phase.final:
                     # A standby (every launcher pod on Kubernetes) that finds the job ended

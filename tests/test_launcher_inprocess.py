@@ -147,6 +147,9 @@ def start_launcher(
     workers: int = 2,
     max_restarts: int = 1,
     observing: ObserverSettings | None = None,
+    *,
+    standby: bool = False,
+    launchers: list[Launcher] | None = None,
 ) -> Iterator[tuple[Future[JobResult], ThreadPoolExecutor]]:
     """The launcher's ``run`` on a thread of a pool that the test's HTTP clients share;
     stopped (and the pool's threads joined) when the test leaves, whatever happened."""
@@ -163,7 +166,9 @@ def start_launcher(
         ),
     )
     pool = ThreadPoolExecutor(max_workers=4)
-    launcher = Launcher(settings, provisioner, observer=observer)
+    launcher = Launcher(settings, provisioner, observer=observer, standby=standby)
+    if launchers is not None:
+        launchers.append(launcher)
     with pool:
         result = pool.submit(launcher.run)
         try:
@@ -386,3 +391,34 @@ def test_a_run_started_again_waits_out_a_dead_leader_s_lease_but_not_a_live_one(
         ):
             result.result(20)
         lease.revoke()
+
+
+def test_a_standby_whose_own_lease_lapsed_while_it_waited_takes_over_under_a_new_one(
+    store: EtcdStore,
+) -> None:
+    """etcd away past the standby's TTL lets its lease expire too; when the leader is gone it
+    must still take over (it exited with 'the lease is gone' before)."""
+    leader = store.grant_lease(30)
+    assert store.create(keys.LEADER, {"rendezvous": None}, lease=leader) is not None
+    launchers: list[Launcher] = []
+    with start_launcher(store, RecordingProvisioner(), standby=True, launchers=launchers) as (
+        result,
+        _,
+    ):
+        (standby,) = launchers
+        waited = threading.Event()
+        for _ in range(200):  # its lease is granted as its run() starts
+            if standby._lease is not None or waited.wait(0.05):
+                break
+        lost = standby._lease
+        assert lost is not None, "the standby never granted its lease"
+        store.revoke_lease(lost.id)  # its lease expired while it stood by
+        leader.revoke()  # then the leader is gone
+        job = wait_for(
+            store,
+            lambda j: j.leader is not None and j.leader.record.rendezvous is not None,
+            20,
+            "the standby leading",
+        )
+        assert job.leader is not None and job.leader.lease not in (lost.id, leader.id)
+        assert not result.done()
