@@ -21,6 +21,17 @@
    (:func:`elastic_allreduce.sync.check_host_updates`) instead of a pickled broadcast. So the
    script's state attributes must be plain data (JSON values; NumPy scalars are converted):
    anything else raises StateValueError on every rank at the first sync or commit.
+
+   Snapshots in shared memory, as ``elastic_allreduce.State`` takes them
+   (:mod:`elastic_allreduce.state_snapshots`): the state counts its commits, and each ``commit``
+   also hands the committed variables and attributes to a thread that writes them to the
+   slot's folder (``ELASTIC_ALLREDUCE_SNAPSHOT_DIR``, from the agent). At its first ``sync`` a
+   process loads its slot's snapshot when there is one (a process restarted on its node, a
+   ring that died while its agents lived), and every ``sync`` broadcasts from the lowest rank
+   holding the newest commit -- not blindly from rank 0 -- so a loaded snapshot wins when it
+   is newer than what the ring has, and an older one never overwrites the survivors'.
+   ``state.wait_for_snapshot(timeout)`` (added to the class) waits until the last commit is
+   written.
 2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
    ``hvd.elastic.run`` calls after each reset; it binds it when the script decorates its
    training function): a process whose slot the launcher has already left out of the next ring
@@ -58,8 +69,9 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.elastic as hvd_elastic
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 from horovod.common.basics import HorovodBasics
+from horovod.tensorflow.functions import broadcast_variables
 
-from elastic_allreduce import elastic_run, gpu, progress, runtime, sync
+from elastic_allreduce import elastic_run, gpu, progress, runtime, state_snapshots, sync
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
@@ -76,6 +88,11 @@ log = logging.getLogger(__name__)
 LEAVE_WAIT: Final = 5.0
 
 _PATCHED: Final = "_elastic_allreduce_patched"
+#: What the hooks keep on a Horovod state: its commits so far (the id of its last one), its
+#: snapshots (a state_snapshots.SlotSnapshots, or None outside a slot) and whether it synced.
+_COMMIT_ID: Final = "_elastic_allreduce_commit_id"
+_SNAPSHOTS: Final = "_elastic_allreduce_snapshots"
+_SYNCED: Final = "_elastic_allreduce_synced"
 
 
 def install(store: Store, gloo: GlooSockets | None = None) -> None:
@@ -93,30 +110,84 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     state_class.sync = _sync
     state_class.commit = _commit
     state_class.check_host_updates = _check_host_updates
+    state_class.wait_for_snapshot = _wait_for_snapshot
     hvd_elastic.run = elastic_run.run
     hvd_keras_elastic.run = elastic_run.run
     hvd_elastic._reset = QuietReset(store)
 
 
 def _sync(self: Any) -> None:  # noqa: ANN401
-    """Horovod's TensorFlowKerasState.sync (from rank 0), after the ranks agreed on the state's
-    shape, with the extra attributes sent as JSON bytes instead of a pickle."""
+    """Horovod's TensorFlowKerasState.sync, after the ranks agreed on the state's shape, from
+    the lowest rank holding the newest commit (first loading this slot's snapshot, at the
+    process's first sync), with the extra attributes sent as JSON bytes instead of a pickle."""
     with progress.phase("sync"):
-        sync.agree(self.model, self.optimizer, self._saved_state)
-        self._bcast_model()
+        if not getattr(self, _SYNCED, False):
+            setattr(self, _SYNCED, True)
+            _load_snapshot(self)
+        root, commit_id = sync.agree_on_newest(
+            self.model, self.optimizer, self._saved_state, _commit_id(self)
+        )
+        if root == 0:
+            self._bcast_model()  # Horovod's own (from rank 0)
+        else:
+            broadcast_variables(self.model.variables, root_rank=root)
+            broadcast_variables(self.optimizer.variables(), root_rank=root)
         self._save_model()
         if self._saved_state:
-            self._saved_state = sync.broadcast_attributes(self._saved_state, 0)
+            self._saved_state = sync.broadcast_attributes(self._saved_state, root)
             self._set_attrs()
+        setattr(self, _COMMIT_ID, commit_id)
 
 
 def _commit(self: Any) -> None:  # noqa: ANN401
     """Horovod's commit (save, then the host-update check), counted as progress for the hang
-    watchdog; attributes that are not plain data raise StateValueError on every rank."""
+    watchdog and snapshotted in shared memory (off the critical path); attributes that are not
+    plain data raise StateValueError on every rank."""
     batch = getattr(self, "batch", None)
     progress.report_commit(batch if isinstance(batch, int) else None)
     self.save()
-    sync.check_host_updates(self, sync.plain_commit(self))
+    refusal = sync.plain_commit(self)
+    commit_id = _commit_id(self) + 1
+    setattr(self, _COMMIT_ID, commit_id)
+    snapshots = _snapshots(self)
+    if refusal is None and snapshots is not None:
+        snapshots.submit(self, commit_id, dict(self._saved_state))
+    sync.check_host_updates(self, refusal)
+
+
+def _wait_for_snapshot(self: Any, timeout: float = 10.0) -> bool:  # noqa: ANN401
+    """Wait up to ``timeout`` seconds until the last commit is in this slot's snapshot folder
+    (written, or skipped as too big or failed); whether it is (True without snapshots)."""
+    snapshots = _snapshots(self)
+    return snapshots is None or snapshots.wait(timeout)
+
+
+def _commit_id(state: Any) -> int:  # noqa: ANN401
+    """The id of the state's last commit (0: none): its commits, or those of the state it
+    synced from or loaded."""
+    return int(getattr(state, _COMMIT_ID, 0))
+
+
+def _snapshots(state: Any) -> state_snapshots.SlotSnapshots | None:  # noqa: ANN401
+    """The state's snapshots in this slot's folder (made at the first call), or None."""
+    if not hasattr(state, _SNAPSHOTS):
+        snapshots = state_snapshots.SlotSnapshots.for_slot()
+        if snapshots is not None:
+            snapshots.prepare()
+        setattr(state, _SNAPSHOTS, snapshots)
+    found: state_snapshots.SlotSnapshots | None = getattr(state, _SNAPSHOTS)
+    return found
+
+
+def _load_snapshot(state: Any) -> None:  # noqa: ANN401
+    """Make the state this slot's snapshot, when there is a usable one (the sync that follows
+    decides, by commit id, whether it or a peer's state wins)."""
+    snapshots = _snapshots(state)
+    if snapshots is None:
+        return
+    resumed = state_snapshots.load_newest(state, (snapshots.folder,))
+    if resumed is not None:
+        setattr(state, _COMMIT_ID, resumed[0].checkpoint.commit_id)
 
 
 def _check_host_updates(self: Any) -> None:  # noqa: ANN401

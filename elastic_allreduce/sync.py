@@ -55,12 +55,34 @@ def agree(
 ) -> int:
     """Agree on the state's shape with every rank; return the rank to sync from.
 
-    With ``commit_id`` (``elastic_allreduce.State``) the root is the lowest rank holding the
-    newest commit, else rank 0 (Horovod's own states). Raises StateMismatchError, on every rank,
-    when the ranks' states cannot be synced.
+    With ``commit_id`` (``elastic_allreduce.State``, and Horovod's own states under
+    `elastic-run`, which count their commits in :mod:`elastic_allreduce.hooks`) the root is the
+    lowest rank holding the newest commit, else rank 0. Raises StateMismatchError, on every
+    rank, when the ranks' states cannot be synced.
     """
+    return _agree(model, optimizer, attributes, commit_id)[0]
+
+
+def agree_on_newest(
+    model: Any,  # noqa: ANN401
+    optimizer: Any,  # noqa: ANN401
+    attributes: Mapping[str, object],
+    commit_id: int,
+) -> tuple[int, int]:
+    """:func:`agree` by commit ids: the rank to sync from and its commit id, the newest of any
+    rank's (which every rank then holds)."""
+    root, newest = _agree(model, optimizer, attributes, commit_id)
+    return root, commit_id if newest is None else newest
+
+
+def _agree(
+    model: Any,  # noqa: ANN401
+    optimizer: Any,  # noqa: ANN401
+    attributes: Mapping[str, object],
+    commit_id: int | None,
+) -> tuple[int, int | None]:
     if hvd.size() == 1:
-        return 0
+        return 0, commit_id
     descriptions = _gather(describe(model, optimizer, attributes, commit_id))
     builders = agreement.ranks_to_build(descriptions)
     if builders:
@@ -71,7 +93,7 @@ def agree(
     problem = agreement.first_mismatch(descriptions, root)
     if problem is not None:
         raise StateMismatchError(problem)
-    return root
+    return root, descriptions[root].commit_id
 
 
 def describe(

@@ -64,12 +64,12 @@ from elastic_allreduce import (
     plain,
     progress,
     runtime,
-    shm_snapshot,
+    state_snapshots,
     sync,
     tensorboard,
 )
 from elastic_allreduce.audit import SampleLog
-from elastic_allreduce.checkpoint import CheckpointDir, fingerprint
+from elastic_allreduce.checkpoint import CheckpointDir
 from elastic_allreduce.data import (
     ArraySource,
     EpochSharding,
@@ -397,8 +397,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             else None
         )
         self._checkpoint_every = checkpoint_every
-        self._snapshots = _snapshot_dir()
-        self._snapshot_writer: _SnapshotWriter | None = None
+        self._snapshots = state_snapshots.SlotSnapshots.for_slot()
         self._reporter: LatestValueWriter | None = None
         attributes = plain.plain_attributes(kwargs)
         super().__init__(model, optimizer, commit_id=0, **attributes)
@@ -444,7 +443,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             step = getattr(self, "step", None)
             progress.report_commit(step if isinstance(step, int) else None, self.commit_id)
             if self._snapshots is not None:
-                self._write_snapshot(self._snapshots)
+                # Written on a thread of its own: a commit superseded before it is, is skipped.
+                self._snapshots.submit(self, self.commit_id, dict(self._saved_state))
             if hvd.rank() == 0:
                 self._report()
                 if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
@@ -532,19 +532,16 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _arrays(self) -> list[Any]:
-        return [*self.model.variables, *self.optimizer.variables()]
+        return state_snapshots.live_variables(self)
 
     def _build_optimizer(self) -> None:
         """Give an optimizer that has not stepped yet the variables a first step creates
         (unchanged values), so that checkpoints written and read hold the same variables."""
-        if not sync.optimizer_built(self.optimizer):
-            sync.build_optimizer(self.optimizer, self.model)
-            self._save_model()
+        state_snapshots.build_optimizer(self)
 
     def _fingerprint(self) -> str:
         """The state's shape as checkpoints record it (see checkpoint.fingerprint)."""
-        described = sync.describe(self.model, self.optimizer, self._saved_state)
-        return fingerprint((*described.model, *described.optimizer), described.extra_keys)
+        return state_snapshots.state_fingerprint(self)
 
     def _write_checkpoint(self, checkpoints: CheckpointDir) -> None:
         """Write the last commit; a failed write is skipped with a warning (never raises but
@@ -559,23 +556,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         """Wait up to ``timeout`` seconds until the last commit is in this slot's snapshot
         folder (written, or skipped as too big or failed); whether it is. True at once without
         snapshots (outside elastic-run)."""
-        writer = self._snapshot_writer
-        return writer is None or writer.flush(timeout)
-
-    def _write_snapshot(self, snapshots: CheckpointDir) -> None:
-        """Hand the commit just made to this slot's snapshot writer, which writes it to shared
-        memory on a thread of its own (a write costs tens of ms at a million parameters, which
-        must not hold the ring's next step); a commit superseded before it was written is
-        skipped."""
-        self._build_optimizer()
-        # The committed copies (save() made them, and the next commit makes new ones): NumPy
-        # views of host tensors, no copy.
-        arrays = [np.asarray(v) for v in (*self._saved_model_state, *self._saved_optimizer_state)]
-        if len(arrays) != len(self._arrays()):
-            return  # cannot happen after _build_optimizer; never write a partial state
-        if self._snapshot_writer is None:
-            self._snapshot_writer = _SnapshotWriter(snapshots, self._fingerprint())
-        self._snapshot_writer.submit(self.commit_id, arrays, dict(self._saved_state))
+        return self._snapshots is None or self._snapshots.wait(timeout)
 
     def _save_on_sigterm(self) -> None:
         """SIGTERM (a node stopped before it could hand its state on: the leave timeout, a
@@ -615,36 +596,12 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     def _load_newest(self) -> None:
         """Take the newest usable commit of this job: this slot's snapshot or the newest
         checkpoint, whichever holds the higher commit id (the other if that one is unusable;
-        both pass the same job and fingerprint checks)."""
-        sources = [
-            (found[0].commit_id, source)
-            for source in (self._snapshots, self._checkpoints)
-            if source is not None and (found := source.checkpoints())
-        ]
-        if not sources:
-            return
-        self._build_optimizer()
-        expected = self._fingerprint()
-        # By commit id, the snapshot first on a tie (memory is faster to read).
-        for _, source in sorted(sources, key=lambda item: -item[0]):
-            loaded = source.load(expected)
-            if loaded is not None:
-                break
-        else:
-            return
-        for variable, value in zip(self._arrays(), loaded.arrays, strict=True):
-            variable.assign(value)
-        self._saved_state = loaded.attributes
-        self._set_attrs()
-        self.save()
-        if source is self._checkpoints:
-            self._checkpointed = int(loaded.attributes.get("commit_id", 0))
-        log.info(
-            "resumed from %s %s (commit %s)",
-            source.kind,
-            loaded.checkpoint.path,
-            loaded.attributes.get("commit_id"),
-        )
+        both pass the same job and fingerprint checks; the snapshot first on a tie, memory is
+        faster to read)."""
+        snapshots = None if self._snapshots is None else self._snapshots.folder
+        resumed = state_snapshots.load_newest(self, (snapshots, self._checkpoints))
+        if resumed is not None and resumed[1] is self._checkpoints:
+            self._checkpointed = resumed[0].checkpoint.commit_id
 
 
 def _no_pickles(obj: object, root_rank: int = 0) -> object:
@@ -653,76 +610,6 @@ def _no_pickles(obj: object, root_rank: int = 0) -> object:
     raise StateValueError(
         f"elastic_allreduce.State does not send Python objects between ranks (a "
         f"{type(obj).__name__} was about to be pickled); its attributes go as JSON"
-    )
-
-
-class _SnapshotWriter:
-    """Writes the newest submitted commit to a slot's snapshot folder from one daemon thread;
-    :meth:`submit` never waits for a write. A snapshot that would not fit in shared memory is
-    skipped (warned about once per process), as is a failed write (the folder never raises)."""
-
-    def __init__(self, snapshots: CheckpointDir, fingerprint: str) -> None:
-        self._snapshots = snapshots
-        self._fingerprint = fingerprint
-        self._warned = False
-        self._wake = threading.Condition()
-        self._pending: tuple[int, list[npt.NDArray[Any]], dict[str, Any]] | None = None
-        self._busy = False
-        threading.Thread(target=self._run, name="snapshot-writer", daemon=True).start()
-
-    def submit(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
-        """Write this commit soon (replacing one not written yet)."""
-        with self._wake:
-            self._pending = (commit_id, arrays, attrs)
-            self._wake.notify()
-
-    def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until the last submitted commit is written (or
-        skipped); whether it was."""
-        with self._wake:
-            return self._wake.wait_for(lambda: self._pending is None and not self._busy, timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._pending is not None)
-                assert self._pending is not None
-                (commit_id, arrays, attrs), self._pending, self._busy = self._pending, None, True
-            try:
-                self._write(commit_id, arrays, attrs)
-            finally:
-                with self._wake:
-                    self._busy = False
-                    self._wake.notify_all()
-
-    def _write(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
-        snapshots = self._snapshots
-        needed = sum(a.nbytes for a in arrays)
-        if not shm_snapshot.fits(needed, snapshots.path):
-            if not self._warned:
-                self._warned = True
-                free = shm_snapshot.free_bytes(snapshots.path) or 0
-                log.warning(
-                    "snapshots skipped: a snapshot of this state (%.1f MiB) does not fit in the "
-                    "%.1f MiB of shared memory free at %s, so a restart resumes from a checkpoint "
-                    "or a peer only; %s",
-                    needed / 2**20,
-                    free / 2**20,
-                    snapshots.path,
-                    shm_snapshot.RAISE_HINT,
-                )
-            return
-        snapshots.write(commit_id, arrays, attrs, self._fingerprint)
-
-
-def _snapshot_dir() -> CheckpointDir | None:
-    """This slot's snapshot folder (``ELASTIC_ALLREDUCE_SNAPSHOT_DIR``, set by the agent), kept
-    to the last commit; None outside elastic-run or when the agent made none."""
-    folder = os.environ.get(env.SNAPSHOT_DIR)
-    if not folder:
-        return None
-    return CheckpointDir.at(
-        folder, os.environ.get(env.JOB_ID), 1, kind="snapshot", full_hint=shm_snapshot.RAISE_HINT
     )
 
 

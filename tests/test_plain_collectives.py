@@ -118,3 +118,10 @@ def test_horovod_s_own_state_syncs_its_attributes_as_plain_values(
     for result in ranks:
         assert result["horovod_sync"] == "ok"
         assert result["horovod_synced"] == {"batch": 0, "epoch": 2}
+        # Rank 1's newer commit wins the next sync, and every rank then counts its commits.
+        assert result["horovod_newest_sync"] == "ok"
+        assert result["horovod_newest_synced"] == {"batch": 5, "epoch": 2}
+        assert result["horovod_newest_commit_id"] == 99
+    newest = ranks[1]["horovod_checksum_before"]
+    assert ranks[0]["horovod_checksum_before"] != newest
+    assert ranks[0]["horovod_newest_checksum"] == ranks[1]["horovod_newest_checksum"] == newest

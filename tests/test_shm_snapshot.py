@@ -115,3 +115,11 @@ def test_ea_state_snapshots_each_commit_loads_the_newest_and_skips_what_does_not
     assert "skipped the snapshot of commit 11" in done.stderr
     assert result["after_enospc"] == result["after_small"]
     assert result["step"] == 11
+    # Horovod's own state under the hooks: the same snapshots, loaded at the first sync.
+    assert result["horovod_written"] == ["ckpt-00000003-commit-000000003"]
+    assert result["horovod_resumed"] == {
+        "step": 3,
+        "commit_id": 3,
+        "committed_weights": True,
+        "attributes": {"step": 3},
+    }

@@ -1,18 +1,21 @@
 """Snapshots in shared memory (issue 17, item 2): a ring that died while its agents lived
-resumes from its last commit, without --checkpoint-dir."""
+resumes from its last commit, without --checkpoint-dir -- on elastic_allreduce's State and on
+Horovod's own TensorFlowKerasState (a plain Horovod script) alike."""
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from elastic_allreduce import shm_snapshot
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.integration.harness import EA_SCRIPT, Job, start_job
+from tests.integration.harness import EA_SCRIPT, HVD_SCRIPT, Job, start_job
 from tests.integration.test_elastic import (
     COMMIT_EVERY,
+    STEPS,
     TRAIN,
     assert_consistent_finish,
     kill_every_rank_after_commits,
@@ -65,4 +68,58 @@ def run_and_check(job: Job, folder: Path) -> None:
     assert any("resumed from snapshot" in line for line in job.lines), job.tail()
     assert_consistent_finish(job, 2)  # and no "state lost"
     assert not [line for line in job.lines if "lost" in line and "launcher]" in line], job.tail()
+    assert not folder.exists(), sorted(folder.rglob("*"))
+
+
+def test_a_plain_horovod_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    """The same with a script written only against Horovod's elastic API: its
+    TensorFlowKerasState is snapshotted at each commit (the bootstrap's hooks), both restarted
+    processes load their slot's snapshot at their first sync and the ring syncs from the newest,
+    so only the steps after the last commit run again; equal weights at the end, no folder
+    left behind."""
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "2"),
+        script=HVD_SCRIPT,
+        script_args=(*TRAIN, "--wait-for-snapshot"),
+    )
+    jobs.append(job)
+    folder = Path(shm_snapshot.DEFAULT_ROOT) / job.job_id
+    try:
+        run_and_check_horovod(job, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_and_check_horovod(job: Job, folder: Path) -> None:
+    """Kill both ranks after some commits; the restarted ring resumes from the last commit."""
+    job.wait_for(lambda: len(job.commits(2)) >= 2, 90, "commits at size 2")
+    slots = sorted({e.slot for e in job.commits(2)})
+    assert sorted(p.name for p in folder.iterdir()) == slots
+    for slot in slots:
+        names = [p.name for p in (folder / slot).iterdir() if p.name.startswith("ckpt-")]
+        assert len(names) == 1, names
+    kill_every_rank_after_commits(job)
+    killed = time.monotonic()
+    killed_at = max(e.data["step"] for e in job.commits(2))
+    assert job.finish() == 0, job.tail()
+    # Printed at the first run of the training function, after the sync. The first restarted
+    # ring holds the newest snapshot's step (one commit more only if a rank was killed between
+    # its commit and the line that reports it), never step 0; a process restarted later joins
+    # that ring at a later step. (A first incarnation that joined late prints it too.)
+    resumed = {
+        e.slot: e.data["step"]
+        for e in job.events
+        if e.data.get("event") == "resumed" and e.at > killed
+    }
+    assert len(resumed) == 2, job.tail()
+    step = min(resumed.values())
+    assert step in (killed_at, killed_at + COMMIT_EVERY), (resumed, killed_at)
+    assert any("resumed from snapshot" in line for line in job.lines), job.tail()
+    assert_consistent_finish(job, 2)
+    # Only the steps after the last commit ran again: each restarted process ran the rest.
+    for event in job.done():
+        assert event.data["steps_run"] == STEPS - resumed[event.slot], (event.data, resumed)
     assert not folder.exists(), sorted(folder.rglob("*"))

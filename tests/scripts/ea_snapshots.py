@@ -4,20 +4,24 @@
 SNAPSHOT_DIR): each commit is snapshotted (keeping one); a new State loads the newer of the
 snapshot and the newest checkpoint by commit id; with too little shared memory (a fake free
 space) snapshots are skipped with one warning; a full device (ENOSPC) skips one with a warning.
+Then the same for Horovod's own TensorFlowKerasState with the hooks' sync and commit: each
+commit snapshotted, a new state's first sync loads it.
 Prints one JSON line of results; the warnings go to stderr.
 """
 
 import errno
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 
 import tensorflow as tf
 import tiny_model
+from horovod.tensorflow.elastic import TensorFlowKerasState
 
 import elastic_allreduce as ea
-from elastic_allreduce import checkpoint, shm_snapshot
+from elastic_allreduce import checkpoint, hooks, shm_snapshot
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
 snapshots = Path(sys.argv[1])
@@ -94,4 +98,41 @@ train(state, step_fn, 1)
 checkpoint._write_file = real_write_file
 results["after_enospc"] = names()
 results["step"] = state.step
+
+# Horovod's own state with the hooks' methods (as the bootstrap installs them): each commit
+# snapshotted too, and a new process's first sync loads it. (A new folder's worth: the same
+# model's ea.State snapshot has the same fingerprint.)
+shutil.rmtree(snapshots)
+snapshots.mkdir()
+TensorFlowKerasState.sync = hooks._sync
+TensorFlowKerasState.commit = hooks._commit
+TensorFlowKerasState.check_host_updates = hooks._check_host_updates
+TensorFlowKerasState.wait_for_snapshot = hooks._wait_for_snapshot
+
+
+def fresh_horovod():
+    tf.keras.backend.clear_session()
+    model, optimizer, step_fn = tiny_model.build()
+    return model, step_fn, TensorFlowKerasState(model, optimizer, step=0)
+
+
+model, step_fn, horovod_state = fresh_horovod()
+horovod_state.sync()  # nothing to load
+for _ in range(3):
+    step_fn()
+    horovod_state.step += 1
+    horovod_state.commit()
+    assert horovod_state.wait_for_snapshot(30.0)
+results["horovod_written"] = names()
+committed = tiny_model.checksum(model.variables)
+step_fn()  # past the commit: not in the snapshot
+model, step_fn, horovod_state = fresh_horovod()
+initial = tiny_model.checksum(model.variables)
+horovod_state.sync()
+results["horovod_resumed"] = {
+    "step": horovod_state.step,
+    "commit_id": getattr(horovod_state, hooks._COMMIT_ID),
+    "committed_weights": tiny_model.checksum(model.variables) == committed != initial,
+    "attributes": horovod_state._saved_state,
+}
 print(json.dumps(results))

@@ -3,7 +3,11 @@
 It trains a small linear model on fixed data and, at every commit, prints one JSON line:
 {"event": "commit", "step": S, "size": N, "rank": R, "checksum": C}. At the end it prints
 {"event": "done", ..., "steps_run": K} where K counts the steps this process executed: more
-than its share means some steps were rolled back and run again.
+than its share means some steps were rolled back and run again. The first time the training
+function runs in a process past step 0 (the state synced from a peer or, under elastic-run,
+loaded from the slot's snapshot in shared memory), it prints {"event": "resumed", ...}.
+``--wait-for-snapshot`` prints a commit only once it is in the slot's snapshot (the method
+elastic-run adds to Horovod's state; nothing outside elastic-run).
 """
 
 import argparse
@@ -19,6 +23,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--step-delay", type=float, default=0.02)
+parser.add_argument("--wait-for-snapshot", action="store_true")
 args = parser.parse_args()
 
 hvd.init()
@@ -47,6 +52,7 @@ def checksum() -> float:
 
 
 steps_run = [0]
+started = [False]
 
 
 def report(event: str, state) -> None:
@@ -68,6 +74,10 @@ def report(event: str, state) -> None:
 
 @hvd.elastic.run
 def train(state):
+    if not started[0]:
+        started[0] = True
+        if state.step > 0:
+            report("resumed", state)
     while state.step < args.steps:
         train_step(features, labels)
         state.step += 1
@@ -76,6 +86,8 @@ def train(state):
             time.sleep(args.step_delay)
         if state.step % args.commit_every == 0:
             state.commit()
+            if args.wait_for_snapshot and hasattr(state, "wait_for_snapshot"):
+                state.wait_for_snapshot()
             report("commit", state)
 
 

@@ -5,7 +5,8 @@ rank with the newest commit (attributes as JSON, NumPy scalars converted), host-
 notifications that reached one rank only (every rank interrupts at the same commit), a non-plain
 attribute on one rank at a commit and at a sync (every rank raises StateValueError), a
 malformed (pickled) payload from the sync's root (every rank raises ProtocolError; the pickle is
-never loaded), and Horovod's own TensorFlowKerasState with the hooks' sync and commit.
+never loaded), and Horovod's own TensorFlowKerasState with the hooks' sync and commit (which
+also syncs from the rank with the newest commit).
 
     python plain_collectives.py MARKER_DIR
 """
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 import tiny_model
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
@@ -111,5 +113,17 @@ if rank == 1:
     horovod_state.on_hosts_updated(9, HostUpdateResult.added)
 results["horovod_added_on_rank_1"] = outcome(horovod_state.commit)
 results["horovod_commit_after"] = outcome(horovod_state.commit)
+# Rank 1 holds a newer commit (as if loaded from its snapshot): the sync takes rank 1's state,
+# variables and attributes and commit count, not rank 0's (ea.State's rule).
+if rank == 1:
+    model.variables[0].assign_add(tf.ones_like(model.variables[0]))
+    horovod_state.batch = 5
+    horovod_state.save()
+    setattr(horovod_state, hooks._COMMIT_ID, 99)
+results["horovod_checksum_before"] = tiny_model.checksum(model.variables)
+results["horovod_newest_sync"] = outcome(horovod_state.sync)
+results["horovod_newest_synced"] = horovod_state._saved_state
+results["horovod_newest_commit_id"] = getattr(horovod_state, hooks._COMMIT_ID)
+results["horovod_newest_checksum"] = tiny_model.checksum(model.variables)
 
 print("RESULT " + json.dumps(results), flush=True)
