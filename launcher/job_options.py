@@ -19,7 +19,7 @@ import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.keys import validate_job_id
@@ -324,27 +324,23 @@ def job_options(
             resize_timeout=float(resize_timeout),
             outage_timeout=float(outage_timeout),
             keep_checkpoints=keep_checkpoints,
-            on_state_loss=_on_state_loss(on_state_loss),
+            on_state_loss=_choice(OnStateLoss, on_state_loss, "--on-state-loss"),
             straggler_factor=float(straggler_factor),
-            straggler_policy=_straggler_policy(straggler_policy),
+            straggler_policy=_choice(StragglerPolicy, straggler_policy, "--straggler-policy"),
         )
     )
 
 
-def _straggler_policy(value: StragglerPolicy | str) -> StragglerPolicy:
-    try:
-        return StragglerPolicy(value)
-    except ValueError:
-        choices = " or ".join(choice.value for choice in StragglerPolicy)
-        raise ConfigError(f"--straggler-policy must be {choices}, got {value!r}") from None
+_E = TypeVar("_E", OnStateLoss, StragglerPolicy)
 
 
-def _on_state_loss(value: OnStateLoss | str) -> OnStateLoss:
+def _choice(kind: type[_E], value: _E | str, flag: str) -> _E:
+    """``value`` as one of ``kind``'s choices; a ConfigError naming ``flag`` and the choices."""
     try:
-        return OnStateLoss(value)
+        return kind(value)
     except ValueError:
-        choices = " or ".join(choice.value for choice in OnStateLoss)
-        raise ConfigError(f"--on-state-loss must be {choices}, got {value!r}") from None
+        choices = " or ".join(choice.value for choice in kind)
+        raise ConfigError(f"{flag} must be {choices}, got {value!r}") from None
 
 
 def from_args(args: argparse.Namespace) -> JobOptions:

@@ -45,8 +45,9 @@ def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_and_check(job: Job, folder: Path) -> None:
-    """Kill both ranks after some commits; check the resume, the finish and the cleanup."""
+def kill_both_after_snapshots(job: Job, folder: Path) -> int:
+    """Once both ranks commit, check one snapshot folder per slot holding the newest commit
+    only (keep 1), then SIGKILL every rank after a commit; the last step committed."""
     job.wait_for(lambda: len(job.commits(2)) >= 2, 90, "commits at size 2")
     # One folder per slot, each holding the newest snapshot only (keep 1).
     slots = sorted({e.slot for e in job.commits(2)})
@@ -55,7 +56,12 @@ def run_and_check(job: Job, folder: Path) -> None:
         names = [p.name for p in (folder / slot).iterdir() if p.name.startswith("ckpt-")]
         assert len(names) == 1, names
     kill_every_rank_after_commits(job)
-    killed_at = max(e.data["step"] for e in job.commits(2))
+    return max(e.data["step"] for e in job.commits(2))
+
+
+def run_and_check(job: Job, folder: Path) -> None:
+    """Kill both ranks after some commits; check the resume, the finish and the cleanup."""
+    killed_at = kill_both_after_snapshots(job, folder)
     assert job.finish() == 0, job.tail()
     resumed = [e for e in job.events if e.data.get("event") == "resumed"]
     assert len(resumed) == 2, job.tail()
@@ -95,15 +101,8 @@ def test_a_plain_horovod_ring_killed_at_once_resumes_from_its_snapshots_in_share
 
 def run_and_check_horovod(job: Job, folder: Path) -> None:
     """Kill both ranks after some commits; the restarted ring resumes from the last commit."""
-    job.wait_for(lambda: len(job.commits(2)) >= 2, 90, "commits at size 2")
-    slots = sorted({e.slot for e in job.commits(2)})
-    assert sorted(p.name for p in folder.iterdir()) == slots
-    for slot in slots:
-        names = [p.name for p in (folder / slot).iterdir() if p.name.startswith("ckpt-")]
-        assert len(names) == 1, names
-    kill_every_rank_after_commits(job)
+    killed_at = kill_both_after_snapshots(job, folder)
     killed = time.monotonic()
-    killed_at = max(e.data["step"] for e in job.commits(2))
     assert job.finish() == 0, job.tail()
     # Printed at the first run of the training function, after the sync. The first restarted
     # ring holds the newest snapshot's step (one commit more only if a rank was killed between
