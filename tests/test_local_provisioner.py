@@ -17,13 +17,21 @@ from launcher.provisioners.local import LocalProvisioner
 
 TEMPLATE = NodeTemplate(etcd="127.0.0.1:1", job_id="job-a", nproc_per_node=1, command=("true",))
 
-#: Looks like ``python -m launcher.agent PAYLOAD`` to /proc/<pid>/cmdline, and waits for SIGTERM.
-LOOKALIKE = "import signal; signal.sigwait({signal.SIGTERM})"
+#: Looks like ``python -m launcher.agent PAYLOAD`` to /proc/<pid>/cmdline, says so, and waits
+#: for SIGTERM.
+LOOKALIKE = "import signal; print('ready', flush=True); signal.sigwait({signal.SIGTERM})"
 
 
 def lookalike(job_id: str, node_id: str) -> subprocess.Popen[bytes]:
+    """A lookalike agent whose command line is in place: right after Popen returns, the
+    kernel may not have set it yet (the exec is still under way)."""
     payload = json.dumps({"job_id": job_id, "node_id": node_id})
-    return subprocess.Popen([sys.executable, "-c", LOOKALIKE, "launcher.agent", payload])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOOKALIKE, "launcher.agent", payload], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
 
 
 @pytest.fixture
@@ -33,6 +41,8 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     for proc in started:
         proc.kill()
         proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_only_this_job_s_agent_of_the_node_is_adopted_and_stopped(
