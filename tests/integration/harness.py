@@ -140,8 +140,11 @@ class Job:
                 )
         return code
 
-    def tail(self, lines: int = 80) -> str:
-        return "\n".join(self.lines[-lines:])
+    def tail(self, lines: int = 80, *, quiet: bool = False) -> str:
+        """The last ``lines`` lines of the job's output; ``quiet`` leaves out the scripts'
+        per-commit JSON lines (what happened to the ring stays)."""
+        shown = [line for line in self.lines if not quiet or '"event": "commit"' not in line]
+        return "\n".join(shown[-lines:])
 
     def stop(self) -> None:
         """End the job's whole process group and every process below it (agents and training

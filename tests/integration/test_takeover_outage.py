@@ -173,7 +173,9 @@ def check(
     leaders.resume()
     assert leader.finish(timeout=30) != 0, leader.tail()  # it stops without writing
     assert any("no longer leads the job" in line for line in leader.lines), leader.tail()
-    log = "\n".join(standby.lines[-60:])
+    log = "\n".join(standby.lines[-60:]) + "".join(
+        f"\n--- node {i}:\n" + "\n".join(node.lines[-80:]) for i, node in enumerate(nodes)
+    )
     assert not any("started nodes ['" in line for line in standby.lines), log
     assert not any("stopping node" in line for line in standby.lines), log
     assert not any("and 0 nodes" in line for line in standby.lines), log
