@@ -366,12 +366,18 @@ class Launcher:
         for decision in policy.adopt(ring, self._view(job), directives, self._hold.seconds):
             self._execute(decision)
         if not policy.adopting:
-            self._adopt_nodes(job)
+            self._adopt_nodes(policy, job)
         self._restamp_directives()
 
-    def _adopt_nodes(self, job: JobSnapshot) -> None:
-        """Let the provisioner manage the adopted job's nodes (once: when the policy adopts)."""
-        self.provisioner.adopt({node: stored.record for node, stored in job.members.items()})
+    def _adopt_nodes(self, policy: RingPolicy, job: JobSnapshot) -> None:
+        """Let the provisioner manage the adopted job's nodes (once: when the policy adopts);
+        those it manages are replaced when lost, the others count as joined by themselves."""
+        managed = self.provisioner.adopt(
+            {node: stored.record for node, stored in job.members.items()}
+        )
+        policy.manage(managed)
+        if managed:
+            self._log(f"managing the nodes an earlier launcher started: {sorted(managed)}")
 
     def _serve_dashboard(self) -> str | None:
         """Start the dashboard, /metrics and /api on --metrics-port; its address, if served."""
@@ -556,7 +562,7 @@ class Launcher:
                     *self._check_state(policy, view, job),
                 ]
                 if adopting and not policy.adopting:
-                    self._adopt_nodes(job)
+                    self._adopt_nodes(policy, job)
                 for decision in decisions:
                     if isinstance(decision, StartNodes):
                         started = self.provisioner.start_nodes(decision.count)

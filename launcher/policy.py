@@ -548,7 +548,7 @@ class RingPolicy:
     ) -> list[Decision]:
         """Take over a running job whose launcher is gone, from what the store holds: its
         ring (kept as it is: no new epoch, no rollback), its members (as nodes that joined by
-        themselves: this launcher did not start them and cannot start them again) and the
+        themselves, until :meth:`manage` names those the provisioner manages) and the
         directives they follow. The restarts spent go on from the ring's count.
 
         Right after an etcd outage every lease has expired: the ring's nodes and processes
@@ -567,6 +567,13 @@ class RingPolicy:
                 )
             ]
         return self._adopt(ring, view, directives)
+
+    def manage(self, nodes: Set[str]) -> None:
+        """The provisioner manages these adopted nodes (it started them under an earlier
+        launcher of the job): lost, they are replaced like nodes this launcher started, and a
+        straggler among them may be evicted. Until then every adopted node counts as one that
+        joined by itself."""
+        self.joined -= nodes
 
     @property
     def adopting(self) -> bool:

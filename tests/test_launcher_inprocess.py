@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from elastic_allreduce.records.snapshot import JobSnapshot, read_job
 from elastic_allreduce.records.values import (
     EpochCause,
     ExitRecord,
+    JobConfig,
     JobPhase,
     JobSettings,
     LeaderRecord,
@@ -51,8 +52,10 @@ pytestmark = pytest.mark.timeout(60)
 class RecordingProvisioner(Provisioner):
     """Names nodes and records what the launcher asked; starts nothing."""
 
-    def __init__(self, refuse: str | None = None) -> None:
+    def __init__(self, refuse: str | None = None, manages: frozenset[str] = frozenset()) -> None:
         self.refuse = refuse
+        #: The nodes of an adopted job this provisioner says it manages (see adopt()).
+        self.manages = manages
         self.started: list[str] = []
         self.stopped: list[str] = []
         self.closed = False
@@ -69,6 +72,9 @@ class RecordingProvisioner(Provisioner):
 
     def stop_node(self, node_id: str) -> None:
         self.stopped.append(node_id)
+
+    def adopt(self, members: Mapping[str, MemberRecord]) -> frozenset[str]:
+        return self.manages & members.keys()
 
     def close(self) -> None:
         self.closed = True
@@ -422,3 +428,54 @@ def test_a_standby_whose_own_lease_lapsed_while_it_waited_takes_over_under_a_new
         )
         assert job.leader is not None and job.leader.lease not in (lost.id, leader.id)
         assert not result.done()
+
+
+class LogLines(logging.Handler):
+    """The launcher's log lines, and an event set when one contains ``wanted``."""
+
+    def __init__(self, wanted: str) -> None:
+        super().__init__()
+        self.wanted = wanted
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.wanted in record.getMessage():
+            self.seen.set()
+
+
+def test_a_launcher_that_takes_over_replaces_the_lost_nodes_its_provisioner_manages(
+    store: EtcdStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #12: the nodes an earlier launcher started (the provisioner adopts them) are
+    replaced when lost; a node that joined by itself is not."""
+    settings = JobSettings(1, 2, 1, 2, wait_timeout=20.0, start_grace=5.0)
+    store.put(keys.JOB_CONFIG, JobConfig(settings, ("python", "train.py")).to_json())
+    joined, managed = SimulatedNode(store, "a0"), SimulatedNode(store, "a1")
+    leader = store.grant_lease(30)
+    assert store.create(keys.LEADER, {"rendezvous": None}, lease=leader) is not None
+    provisioner = RecordingProvisioner(manages=frozenset({"a1"}))
+    lost = LogLines("node a0 was lost (dead or cut off)")
+    caplog.set_level(logging.INFO, logger="elastic-run")
+    logging.getLogger("elastic-run").addHandler(lost)
+    try:
+        with start_launcher(store, provisioner, max_restarts=2, standby=True) as (result, _):
+            leader.revoke()  # the leader is gone: the standby takes the job over
+            wait_for(
+                store,
+                lambda j: j.leader is not None and j.leader.record.rendezvous is not None,
+                20,
+                "the standby leading",
+            )
+            assert joined.proc_lease is not None
+            joined.proc_lease.revoke()
+            joined.member_lease.revoke()
+            assert lost.seen.wait(20), "the launcher never noticed a0's loss"
+            assert provisioner.started == []  # a0 joined by itself: nothing here starts it
+            assert managed.proc_lease is not None
+            managed.proc_lease.revoke()
+            managed.member_lease.revoke()
+            assert provisioner.changed.wait(20), "no replacement for the managed node a1"
+            assert provisioner.started == ["n0"]
+            assert not result.done()
+    finally:
+        logging.getLogger("elastic-run").removeHandler(lost)

@@ -60,7 +60,7 @@ def test_only_this_job_s_agent_of_the_node_is_adopted_and_stopped(
         "j77": MemberRecord("127.0.0.1", 1, None),  # a joined node: nothing to adopt
     }
     provisioner = LocalProvisioner(TEMPLATE, outlive_launcher=True)
-    provisioner.adopt(members)
+    assert provisioner.adopt(members) == {"n3"}  # managed from now on
     for node in members:
         provisioner.stop_node(node)
     assert mine.wait(timeout=10) is not None  # SIGTERM: the adopted agent leaves

@@ -510,6 +510,28 @@ def running_ring(world: World, nodes: int) -> Ring:
     return leader.ring
 
 
+def test_adopted_nodes_the_provisioner_manages_are_replaced_when_lost_the_others_are_not() -> None:
+    """Issue #12: after a takeover, the nodes an earlier launcher started (the provisioner
+    adopts them: its agents, its pods) are replaced when lost, like this launcher's own; a
+    node that joined by itself is not (nothing here can start it)."""
+    world = World()
+    stored = running_ring(world, 3)
+    world.waiting.clear()
+    successor = make_policy(3, max_workers=3, max_restarts=2)
+    successor.adopt(stored, world.view(), {})
+    successor.manage({"n0", "n1"})  # n2 joined by itself
+    for node in ("n1", "n2"):  # both hosts die
+        del world.procs[f"{node}.0"]
+        del world.members[node]
+    world.now = 5.0
+    decisions = step(successor, world)
+    logs = [d.message for d in of(Log, decisions)]
+    assert "node n1 was lost; starting a replacement" in logs, logs
+    assert any("node n2 was lost (dead or cut off); it rejoins" in m for m in logs), logs
+    assert of(StartNodes, decisions) == [StartNodes(1)]  # for n1 only
+    assert successor.target_workers == 2 and successor.restarts_used == 1
+
+
 def test_a_takeover_right_after_an_outage_waits_for_the_ring_to_register_again() -> None:
     """Issue #12 (soak): a standby that takes over as etcd comes back from a quorum loss
     finds every lease expired. It waits for the ring's nodes to register again: it starts no

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from elastic_allreduce import env
+from elastic_allreduce.records.values import MemberRecord
 from launcher.k8s.client import KINDS, Kube, Watch
 from launcher.k8s.errors import (
     KubernetesApiError,
@@ -282,6 +283,18 @@ class KubernetesProvisioner(Provisioner):
             f"{self.settings.namespace!r} after {_MAX_NAME_ATTEMPTS} tries; delete old worker "
             f"pods (label {self.settings.selector})"
         )
+
+    def adopt(self, members: Mapping[str, MemberRecord]) -> frozenset[str]:
+        """The pods of ``members`` that an earlier launcher pod of this Job created (its owner
+        reference, seen by the first list of the job's pods): managed as this one's own. A
+        pod the list did not show yet (the API away) stays a node that joined by itself."""
+        self._ensure_watching()
+        with self._lock:
+            return frozenset(
+                node
+                for node in members
+                if (state := self._pods.get(node)) is not None and state.owned and not state.gone
+            )
 
     def stop_node(self, node_id: str) -> None:
         with self._lock:

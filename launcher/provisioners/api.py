@@ -55,10 +55,12 @@ class Provisioner(abc.ABC):
         cannot outlive it)."""
         self.close()
 
-    def adopt(self, members: Mapping[str, MemberRecord]) -> None:  # noqa: B027 - optional
+    def adopt(self, members: Mapping[str, MemberRecord]) -> frozenset[str]:
         """The launcher took over a running job whose nodes are ``members``: manage the ones
-        this provisioner can reach as if it had started them. Default: nothing (nodes that
-        joined by themselves, or a provisioner that finds its nodes otherwise)."""
+        this provisioner can reach as if it had started them; their ids (the policy then
+        replaces them when they are lost). Default: none (a provisioner whose nodes cannot
+        outlive it: the job's nodes joined by themselves)."""
+        return frozenset()
 
     def node_states(self) -> NodeStates:
         """Pending and disrupted nodes (none for a provisioner that cannot tell)."""

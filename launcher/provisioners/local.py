@@ -58,15 +58,16 @@ class LocalProvisioner(Provisioner):
             started.append(node_id)
         return started
 
-    def adopt(self, members: Mapping[str, MemberRecord]) -> None:
+    def adopt(self, members: Mapping[str, MemberRecord]) -> frozenset[str]:
         """Take over the agents a previous launcher of this job started on this machine: stop
-        them like its own later, and never reuse their node ids."""
+        them like its own later, and never reuse their node ids. Their node ids."""
         taken = [int(m.group(1)) for node in members if (m := _NODE_ID.fullmatch(node))]
         if taken:
             self._numbers = itertools.count(max(taken) + 1)
         for node, member in members.items():
             if member.pid is not None and _is_agent(member.pid, self._template.job_id, node):
                 self._adopted[node] = member.pid
+        return frozenset(self._adopted)
 
     def stop_node(self, node_id: str) -> None:
         agent = self._agents.get(node_id)

@@ -16,6 +16,7 @@ from kubernetes import client
 
 from elastic_allreduce import env
 from elastic_allreduce.errors import ConfigError, UnavailableError
+from elastic_allreduce.records.values import MemberRecord
 from launcher.k8s.client import Kube
 from launcher.k8s.errors import KubernetesApiError
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
@@ -506,6 +507,12 @@ def test_a_later_launcher_of_the_same_job_adopts_its_pods(
     first.release()  # the launcher pod hands the job over; its pods keep running
     second = make(kube, launcher_pod_name="train-a-launcher-2", launcher_pod_uid="uid-2", **owner)
     try:
+        # The members the launcher read from the store: the Job's live pods are managed from
+        # now on (replaced when lost); a node that joined by itself, or a pod of another owner
+        # with the job's labels, is not.
+        members = {n: MemberRecord("10.0.0.1", 1, 7) for n in (lost, stopped, kept, "j1")}
+        members["train-a-worker-9"] = MemberRecord("10.0.0.2", 1, 7)
+        assert second.adopt(members) == {lost, stopped, kept}
         watcher = Watcher(second)  # a launcher subscribes as it starts to lead: it adopts
         watcher.wait(lambda s: dead in s.dead, "the adopted pods to be known")
         assert second.node_states().disrupted == {}  # the dead one was handled before
