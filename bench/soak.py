@@ -18,7 +18,8 @@ the schedule. The fault kinds, each about equally often, in a seeded order:
 - ``etcd_restart``: every etcd member stopped (SIGTERM), then all started again;
 - ``member_kill``: SIGKILL of one etcd member (half the time the leader), restarted 2-6 s later;
 - ``quorum_loss``: two members (the leader and one more) SIGSTOPped for 18-22 s, then SIGCONTed
-  (the standby is stopped first and started again after: see ``--standby-in-outages``);
+  (the standby stays: it may take the job over as etcd returns, every lease expired, and
+  must wait for the ring's nodes; ``--no-standby-in-outages`` stops it before and starts it after);
 - ``partition``: a worker host's link cut (a pulled cable) for 5-8 s (at least until
   its rank stopped): its node fences itself
   and rejoins once the link is back.
@@ -1097,8 +1098,8 @@ class SoakJob:
     def _quorum_loss(self, plan: Plan, epoch: int, ranks: int) -> Fault:
         standby = self.standby
         if not self.standby_in_outages and standby is not None and standby.proc.poll() is None:
-            # A standby that takes the job over as etcd comes back, when every lease has
-            # expired, loses the committed state (see --standby-in-outages): none meanwhile.
+            # --no-standby-in-outages: no standby that could take the job over as etcd comes
+            # back with every lease expired (the case RingPolicy.adopt's outage hold is for).
             standby.proc.terminate()
             try:
                 standby.proc.wait(timeout=30)
@@ -1320,13 +1321,9 @@ def notes(standby_in_outages: bool) -> list[str]:
     if not standby_in_outages:
         found.insert(
             0,
-            "Quorum losses are made without a standby launcher (it is stopped before and "
-            "started again after): in development runs a standby that took the job over as "
-            "etcd returned, every lease expired, saw no node, started a local node although "
-            "run with `--workers 0` and restarted training from the initial state (`state "
-            "lost`). `--standby-in-outages` keeps the standby there (a race: the standby must "
-            "win the leader key as etcd returns, as it did in one of three development runs "
-            "with it).",
+            "Quorum losses are made without a standby launcher (`--no-standby-in-outages`: it "
+            "is stopped before and started again after), so no takeover happens as etcd "
+            "returns.",
         )
     return found
 
@@ -1342,10 +1339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-clean", action="store_true", help="skip the clean run")
     parser.add_argument(
-        "--standby-in-outages",
+        "--no-standby-in-outages",
         action="store_true",
-        help="keep the standby launcher through quorum losses (it may take the job over as etcd "
-        "returns, with every lease expired, and lose the committed state: a known bug)",
+        help="stop the standby launcher before each quorum loss and start it again after (by "
+        "default it stays, and may take the job over as etcd returns with every lease expired)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "soak.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "bench" / "RESULTS.md")
@@ -1394,7 +1391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             epochs=epochs,
                             log=log,
                             samples=samples,
-                            standby_in_outages=args.standby_in_outages,
+                            standby_in_outages=not args.no_standby_in_outages,
                         )
                 finally:
                     etcd.close()
@@ -1437,7 +1434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clean": clean,
         "accuracy_delta_points": delta,
     }
-    result["notes"] = notes(args.standby_in_outages)
+    result["notes"] = notes(not args.no_standby_in_outages)
     missed = verdict(result)
     result["missed"] = missed
     result["ok"] = not missed
