@@ -122,8 +122,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A background build is awaited outside the test's timeout (this wrapper runs first)."""
-    _build.wait()
+    """A background build is awaited outside the test's timeout (this wrapper runs first), by
+    this folder's tests only: pytest calls this hook for every test of the session, and the
+    others run while the build goes on."""
+    if _here(item):
+        _build.wait()
     yield
 
 
