@@ -23,10 +23,13 @@ import contextlib
 import logging
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Final
 
+from elastic_allreduce import errors as ea_errors
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import (
     ConfigError,
@@ -198,6 +201,29 @@ class _Stop:
     reason: str
 
 
+def raised_at(exc: BaseException, frames: int = 3) -> str:
+    """Where ``exc`` was raised in this project's code, innermost first ("launcher/launcher.py:
+    333 in _lead <- ..."): said before a launcher stops on an unexpected error, whose
+    traceback a killed process never prints (the soak kills what is left of a failed job)."""
+    root = _PACKAGES[0].parent
+    ours = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if any(Path(frame.filename).resolve().is_relative_to(p) for p in _PACKAGES)
+    ]
+    return (
+        " <- ".join(
+            f"{Path(f.filename).resolve().relative_to(root)}:{f.lineno} in {f.name}"
+            for f in reversed(ours[-frames:])
+        )
+        or "a place outside this project's code"
+    )
+
+
+#: This project's packages (their files are "ours" in :func:`raised_at`).
+_PACKAGES: Final = (Path(__file__).resolve().parent, Path(ea_errors.__file__).resolve().parent)
+
+
 class Launcher:
     """Leads one job to its end (see the module docstring)."""
 
@@ -276,6 +302,13 @@ class Launcher:
             except Exception as exc:
                 if isinstance(exc, StoreUnavailableError):
                     self.store.outage_timeout = 0.0  # it stayed away past the deadline
+                log.warning(
+                    "[%s e%d launcher] stopping on an unexpected %s, raised at %s",
+                    self.settings.job_id,
+                    self._epoch,
+                    type(exc).__name__,
+                    raised_at(exc),
+                )
                 self._fail(f"the launcher stopped: {exc}")
                 raise
         finally:
@@ -411,11 +444,16 @@ class Launcher:
         leader is one clear ConfigError."""
         while True:
             try:
+                if lease.lost:
+                    # Its keep-alive stopped when etcd said it expired: never lead under it,
+                    # even if etcd still holds it for a moment (seen after a quorum loss).
+                    raise LeaseLostError(f"lease {lease.id:x} was reported expired")
                 created = self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease)
             except LeaseLostError:
                 # A standby's own lease lapsed while it waited (etcd away past its TTL): it
                 # takes the job over under a new one.
                 self._log("this launcher's lease lapsed while it stood by; granting a new one")
+                lease.stop_keepalive()
                 lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
                 continue
             if created is not None:

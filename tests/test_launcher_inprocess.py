@@ -309,7 +309,9 @@ def test_the_launcher_forms_rings_restarts_a_crash_and_finishes(
     ), messages
 
 
-def test_a_launcher_that_stops_on_an_error_records_the_failure(store: EtcdStore) -> None:
+def test_a_launcher_that_stops_on_an_error_records_the_failure(
+    store: EtcdStore, caplog: pytest.LogCaptureFixture
+) -> None:
     provisioner = RecordingProvisioner(refuse="the cluster refused to start pods")
     with (
         start_launcher(store, provisioner) as (result, _),
@@ -320,6 +322,10 @@ def test_a_launcher_that_stops_on_an_error_records_the_failure(store: EtcdStore)
     assert job.status is not None and job.status.record.phase is JobPhase.FAILED
     assert job.status.record.reason == "the launcher stopped: the cluster refused to start pods"
     assert provisioner.closed and job.leader is None
+    # Where it was raised is said (a killed launcher never prints its traceback).
+    (said,) = [r.getMessage() for r in caplog.records if "unexpected" in r.getMessage()]
+    assert "unexpected ProvisionerError, raised at launcher/launcher.py:" in said, said
+    assert " in _lead <- launcher/launcher.py:" in said and said.endswith(" in run"), said
 
 
 def test_a_launcher_whose_lease_lapsed_while_another_took_over_writes_nothing(
@@ -399,11 +405,14 @@ def test_a_run_started_again_waits_out_a_dead_leader_s_lease_but_not_a_live_one(
         lease.revoke()
 
 
+@pytest.mark.parametrize("how", ["revoked", "reported"])
 def test_a_standby_whose_own_lease_lapsed_while_it_waited_takes_over_under_a_new_one(
-    store: EtcdStore,
+    store: EtcdStore, how: str
 ) -> None:
     """etcd away past the standby's TTL lets its lease expire too; when the leader is gone it
-    must still take over (it exited with 'the lease is gone' before)."""
+    must still take over (it exited with 'the lease is gone' before). ``reported``: its
+    keep-alive was told the lease expired while etcd still holds it (seen after a quorum loss,
+    in make soak): it must not lead under a lease nobody renews."""
     leader = store.grant_lease(30)
     assert store.create(keys.LEADER, {"rendezvous": None}, lease=leader) is not None
     launchers: list[Launcher] = []
@@ -418,7 +427,10 @@ def test_a_standby_whose_own_lease_lapsed_while_it_waited_takes_over_under_a_new
                 break
         lost = standby._lease
         assert lost is not None, "the standby never granted its lease"
-        store.revoke_lease(lost.id)  # its lease expired while it stood by
+        if how == "revoked":
+            store.revoke_lease(lost.id)  # its lease expired while it stood by
+        else:
+            lost._mark_lost("the server reports it expired")  # type: ignore[attr-defined]
         leader.revoke()  # then the leader is gone
         job = wait_for(
             store,
