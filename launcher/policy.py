@@ -1036,9 +1036,9 @@ class RingPolicy:
             and proc.incarnation == self.member_incarnations.get(slot)
         )
 
-    def _alive_nodes(self, view: JobView) -> int:
+    def _alive_nodes(self, view: JobView) -> set[str]:
         """Nodes with at least one usable live process (ready or still starting)."""
-        return len({split_slot(s)[0] for s in view.procs if self._usable(s, view)})
+        return {split_slot(s)[0] for s in view.procs if self._usable(s, view)}
 
     def _plan_membership(self, view: JobView) -> list[Decision]:
         ring = self.ring
@@ -1085,10 +1085,31 @@ class RingPolicy:
             cause = EpochCause.FAILURE if (died or resets) else EpochCause.RESIZE
         return self._form(view, target, cause)
 
+    def _starting_nodes(self, view: JobView) -> set[str]:
+        """Nodes that may still bring a process: requested and placed but not registered yet
+        (for at most NODE_START_TIMEOUT), or registered with no process record yet (their agent
+        is starting it). A loaded machine can take longer than the start grace for either."""
+        with_procs = {split_slot(s)[0] for s in view.procs}
+        placed = {
+            n for n in self.nodes.in_state(NodeState.REQUESTED) if n not in view.pending_nodes
+        }
+        starting = {
+            node
+            for node in view.members
+            if node not in with_procs
+            and self.nodes.state(node) not in _DISCOUNTED
+            and any(
+                self._usable(f"{node}.{index}", view)
+                for index in range(self.settings.nproc_per_node)
+            )
+        }
+        return placed | starting
+
     def _check_min_wait(self, view: JobView, ready: int) -> list[Decision]:
-        """Wait while enough processes are alive (starting up); fail after the wait timeout."""
+        """Wait while enough processes are alive or nodes starting; fail after the wait timeout."""
         starting = self.ring is None and view.now - self.started_at < self.settings.start_grace
-        if starting or self._alive_nodes(view) >= self.settings.min_workers:
+        live = self._starting_nodes(view) | self._alive_nodes(view)
+        if starting or len(live) >= self.settings.min_workers:
             self.below_min_since = None
             return []
         alive = ready

@@ -293,6 +293,38 @@ def test_below_min_workers_the_job_waits_then_fails_clearly() -> None:
     assert finish.reason.startswith("only 1 of at least 2 workers were ready for 5 s")
 
 
+def test_nodes_slower_to_start_than_the_grace_are_waited_for_not_failed() -> None:
+    # A loaded machine: past the start grace and the wait timeout, no agent has registered yet.
+    policy, world = make_policy(min_workers=1, start_grace=10.0, wait_timeout=3.0), World()
+    policy.nodes_started(["n0", "n1", "n2"], 0.0)
+    for now in (10.5, 14.0, 30.0):
+        world.now = now
+        assert of(FinishJob, step(policy, world)) == [], now
+    # The agents register, their processes not yet: still starting.
+    for node in ("n0", "n1", "n2"):
+        world.members[node] = Member(node, 1, False, 1)
+    for now in (31.0, 40.0):
+        world.now = now
+        assert of(FinishJob, step(policy, world)) == [], now
+    slots = [world.add_node(node) for node in ("n0", "n1", "n2")]
+    world.now = 41.0
+    assert answers(step(policy, world)) == {slot: rank for rank, slot in enumerate(slots)}
+
+
+def test_nodes_that_never_register_fail_the_job_after_their_start_timeout() -> None:
+    policy, world = make_policy(1, min_workers=1, start_grace=10.0, wait_timeout=3.0), World()
+    policy.nodes_started(["n0"], 0.0)
+    world.now = 100.0
+    assert of(FinishJob, step(policy, world)) == []
+    world.now = 121.0  # past NODE_START_TIMEOUT: stopped, no restart left to replace it
+    assert StopNode("n0") in step(policy, world)
+    world.now = 122.0
+    assert any("waiting for workers" in d.message for d in of(Log, step(policy, world)))
+    world.now = 125.5
+    (finish,) = of(FinishJob, step(policy, world))
+    assert finish.reason.startswith("only 0 of at least 1 workers were ready for 3 s")
+
+
 def test_the_job_succeeds_when_every_member_finished() -> None:
     policy, world, slots = started_job()
     for slot in slots[:2]:
