@@ -156,7 +156,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_WAIT_TIMEOUT,
         metavar="S",
-        help="seconds the job may have fewer than --min-workers before it fails "
+        help="seconds the job may have fewer than --min-workers, counting nodes still "
+        "starting, before it fails "
         f"(default {_number(DEFAULT_WAIT_TIMEOUT)})",
     )
     group.add_argument(
