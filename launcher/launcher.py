@@ -111,6 +111,8 @@ STORED_STACKS: Final = 8
 STORED_STACK_CHARS: Final = 32 * 1024
 #: Seconds a launcher asked to stop waits for etcd to record that (not --outage-timeout).
 STOPPING_OUTAGE_WAIT: Final = 5.0
+#: New leases a launcher that leads again tries in a row when etcd lets each lapse at once.
+REGRANT_TRIES: Final = 3
 
 
 def _for_the_store(record: HangRecord) -> HangRecord:
@@ -211,13 +213,25 @@ def raised_at(exc: BaseException, frames: int = 3) -> str:
         for frame in traceback.extract_tb(exc.__traceback__)
         if any(Path(frame.filename).resolve().is_relative_to(p) for p in _PACKAGES)
     ]
-    return (
-        " <- ".join(
-            f"{Path(f.filename).resolve().relative_to(root)}:{f.lineno} in {f.name}"
-            for f in reversed(ours[-frames:])
-        )
-        or "a place outside this project's code"
+
+    def where(frame: traceback.FrameSummary) -> str:
+        return f"{Path(frame.filename).resolve().relative_to(root)}:{frame.lineno} in {frame.name}"
+
+    said = " <- ".join(where(f) for f in reversed(ours[-frames:]))
+    # Raised deep in the store client: also the launcher's call that led there.
+    caller = next(
+        (
+            f
+            for f in reversed(ours[:-frames])
+            if Path(f.filename).resolve().is_relative_to(_PACKAGES[0])
+        ),
+        None,
     )
+    if caller is not None and not any(
+        Path(f.filename).resolve().is_relative_to(_PACKAGES[0]) for f in ours[-frames:]
+    ):
+        said += f" <- ... <- {where(caller)}"
+    return said or "a place outside this project's code"
 
 
 #: This project's packages (their files are "ours" in :func:`raised_at`).
@@ -363,7 +377,7 @@ class Launcher:
         rendezvous = host_port(self.settings.rendezvous_host, port)
         dashboard = self._serve_dashboard()
         self._leader_record = LeaderRecord(rendezvous, dashboard, token)
-        self.store.put(keys.LEADER, self._leader_record.to_json(), lease=lease)
+        self._publish_leader(lease)
         self._write(
             keys.JOB_STATUS, lambda: JobStatus(JobPhase.RUNNING, None, self._stamp()).to_json()
         )
@@ -681,6 +695,23 @@ class Launcher:
         if lease.lost:
             self._lead_again(lease)
 
+    def _publish_leader(self, lease: Lease) -> None:
+        """Write the leader record (the rendezvous address and token) over the placeholder the
+        leader key was created with, only while it is still under ``lease``: a lease that
+        lapsed since (an etcd restart right after a takeover) is replaced as any other
+        (:meth:`_lead_again`), and a successor's key is never overwritten."""
+        try:
+            written = self.store.put_guarded(
+                keys.LEADER,
+                self._leader_record.to_json(),
+                guard=Guard(keys.LEADER, lease.id),
+                lease=lease,
+            )
+        except LeaseLostError:
+            written = None
+        if written is None:
+            self._lead_again(lease)
+
     def _lead_again(self, lost: Lease) -> None:
         """This launcher's lease expired (an etcd outage, or a stop past its TTL): lead again
         under a new lease, unless another launcher holds the leader key by now."""
@@ -694,11 +725,25 @@ class Launcher:
         lost.stop_keepalive()
         with contextlib.suppress(StoreError):
             self.store.revoke_lease(lost.id)
-        lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
-        if self.store.create(keys.LEADER, self._leader_record.to_json(), lease=lease) is None:
-            lease.revoke()
+        for _ in range(REGRANT_TRIES):
+            lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
+            try:
+                created = self.store.create(keys.LEADER, self._leader_record.to_json(), lease=lease)
+            except LeaseLostError:
+                # Gone between its grant and its use (etcd restarted meanwhile): another one.
+                lease.stop_keepalive()
+                continue
+            if created is None:
+                lease.revoke()
+                self._lease = None
+                raise self._lost_leadership()
+            break
+        else:
             self._lease = None
-            raise self._lost_leadership()
+            raise LeaseLostError(
+                f"job {self.settings.job_id}: etcd let {REGRANT_TRIES} new leases of this "
+                "launcher lapse before it could lead under one"
+            )
         self._hold.outage(time.monotonic())
         self._restamp_directives()
         self._log(

@@ -442,6 +442,42 @@ def test_a_standby_whose_own_lease_lapsed_while_it_waited_takes_over_under_a_new
         assert not result.done()
 
 
+def test_a_launcher_whose_lease_lapses_before_it_publishes_its_rendezvous_leads_again(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd lets the new leader's lease expire between its taking the leader key and its
+    writing the rendezvous address there (make soak: a takeover as etcd returned from a quorum
+    loss, an etcd restart right after): it leads again under a new lease (it stopped on 'the
+    lease is gone' before)."""
+    lapsed: list[int] = []
+    write_config = Launcher._write_config
+
+    def then_lapse(launcher: Launcher) -> bool:
+        adopted = write_config(launcher)
+        lease = launcher._lease
+        assert lease is not None
+        lease.stop_keepalive()
+        assert store.revoke_lease(lease.id)  # the leader key goes with it
+        lapsed.append(lease.id)
+        return adopted
+
+    monkeypatch.setattr(Launcher, "_write_config", then_lapse)
+    with start_launcher(store, RecordingProvisioner()) as (result, _):
+        job = wait_for(
+            store,
+            lambda j: (
+                j.leader is not None
+                and j.leader.record.rendezvous is not None
+                and j.status is not None
+                and j.status.record.phase is JobPhase.RUNNING
+            ),
+            20,
+            "the launcher leading with its rendezvous published and the job running",
+        )
+        assert job.leader is not None and job.leader.lease not in (None, *lapsed)
+        assert lapsed and not result.done()
+
+
 class LogLines(logging.Handler):
     """The launcher's log lines, and an event set when one contains ``wanted``."""
 
