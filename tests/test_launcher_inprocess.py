@@ -159,7 +159,9 @@ def start_launcher(
 ) -> Iterator[tuple[Future[JobResult], ThreadPoolExecutor]]:
     """The launcher's ``run`` on a thread of a pool that the test's HTTP clients share;
     stopped (and the pool's threads joined) when the test leaves, whatever happened."""
-    job = JobSettings(1, workers, 1, max_restarts, wait_timeout=20.0, start_grace=5.0)
+    # The first ring waits for every node asked for (a loaded machine once made it form
+    # without one and grow at once: an extra epoch).
+    job = JobSettings(1, workers, 1, max_restarts, wait_timeout=20.0, start_grace=60.0)
     observer = JobObserver(store.job_id, job, observing) if observing else None
     settings = LaunchSettings(
         workers,
