@@ -24,7 +24,7 @@ import logging
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
@@ -203,6 +203,13 @@ class _Stop:
     reason: str
 
 
+def stored_nodes(items: Iterable[KeyValue]) -> frozenset[str]:
+    """The nodes that a job's records name as members or as ranks of its ring."""
+    job = parse_job(items, 0)
+    ranks = () if job.ring is None else job.ring.record.slots
+    return frozenset(job.members) | {keys.split_slot(slot)[0] for slot in ranks}
+
+
 def raised_at(exc: BaseException, frames: int = 3) -> str:
     """Where ``exc`` was raised in this project's code, innermost first ("launcher/launcher.py:
     333 in _lead <- ..."): said before a launcher stops on an unexpected error, whose
@@ -289,6 +296,9 @@ class Launcher:
         #: Long enough for every survivor of an outage to notice its lost lease (TTL) and
         #: register again.
         self._hold = _OutageHold(2.0 * settings.job.lease_ttl + 2.0)
+        #: Leases of member and process records that etcd reported expired at a takeover:
+        #: their records are taken as gone while etcd deletes them (:meth:`_expired_leases`).
+        self._expired: frozenset[int] = frozenset()
 
     def run(self) -> JobResult:
         """Lead the job until it succeeds or fails.
@@ -377,6 +387,10 @@ class Launcher:
         rendezvous = host_port(self.settings.rendezvous_host, port)
         dashboard = self._serve_dashboard()
         self._leader_record = LeaderRecord(rendezvous, dashboard, token)
+        adoption = self.store.get_prefix().items if adopted else ()
+        # Before the workers learn this address: the nodes of the job it takes over count as
+        # members until the policy has looked at them (a node whose lease lapsed asks).
+        self.rendezvous.members = stored_nodes(adoption)
         self._publish_leader(lease)
         self._write(
             keys.JOB_STATUS, lambda: JobStatus(JobPhase.RUNNING, None, self._stamp()).to_json()
@@ -384,7 +398,7 @@ class Launcher:
         policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
         self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
         if adopted:
-            self._adopt(policy)
+            self._adopt(policy, adoption)
             nodes: list[str] = []
         else:
             nodes = self.provisioner.start_nodes(self.settings.workers)
@@ -394,11 +408,13 @@ class Launcher:
             self.observer.started(rendezvous, nodes)
         return self._loop(policy)
 
-    def _adopt(self, policy: RingPolicy) -> None:
+    def _adopt(self, policy: RingPolicy, items: Sequence[KeyValue]) -> None:
         """Take the job over from the store (see RingPolicy.adopt): the ring and its revision
         (this launcher's next epoch is a compare-and-swap on it), members, processes,
-        directives. Workers learn the new rendezvous address from the leader record."""
-        job = parse_job(self.store.get_prefix().items, 0)
+        directives, as ``items`` (the whole job, read before the leader record was written)
+        hold them. Workers learn the new rendezvous address from the leader record."""
+        self._expired = self._expired_leases(items)
+        job = parse_job(self._live(items), 0)
         self._report_skipped(job)
         ring = None
         if job.ring is not None:
@@ -415,6 +431,40 @@ class Launcher:
         if not policy.adopting:
             self._adopt_nodes(policy, job)
         self._restamp_directives()
+
+    def _expired_leases(self, items: Iterable[KeyValue]) -> frozenset[int]:
+        """The leases of member and process records that etcd reports expired. A takeover
+        as etcd returns from an outage can read the job while etcd revokes the expired leases
+        one by one: it would adopt nodes and processes about to vanish, and re-form the ring
+        when they do, instead of waiting for them to register again."""
+        leases = {
+            kv.lease
+            for kv in items
+            if kv.lease is not None and kv.key.startswith((keys.MEMBERS, keys.PROCS))
+        }
+        expired = set()
+        for lease in sorted(leases):
+            try:
+                if self.store.lease_remaining(lease) is None:
+                    expired.add(lease)
+            except StoreError as exc:
+                self._log(f"could not ask etcd whether lease {lease:x} lives ({exc}): alive")
+        if expired:
+            self._log(
+                f"took over as etcd deletes {len(expired)} expired leases of the job: their "
+                "nodes and processes count as gone until they register again"
+            )
+        return frozenset(expired)
+
+    def _live(self, items: Iterable[KeyValue]) -> list[KeyValue]:
+        """``items`` without the member and process records under expired leases."""
+        if not self._expired:
+            return list(items)
+        return [
+            kv
+            for kv in items
+            if kv.lease not in self._expired or not kv.key.startswith((keys.MEMBERS, keys.PROCS))
+        ]
 
     def _adopt_nodes(self, policy: RingPolicy, job: JobSnapshot) -> None:
         """Let the provisioner manage the adopted job's nodes (once: when the policy adopts);
@@ -601,7 +651,8 @@ class Launcher:
                     cache.apply(item)
                 self._check_leadership()
                 self.rendezvous.resend_pending()
-                items = self._hold.items(dict(cache.items()), time.monotonic())
+                current = {kv.key: kv for kv in self._live(cache.items().values())}
+                items = self._hold.items(current, time.monotonic())
                 job = parse_job(items.values(), cache.revision)
                 self._report_skipped(job)
                 if self.observer is not None:
@@ -625,7 +676,7 @@ class Launcher:
                     if result is not None:
                         return result
                 self._write_ranks(policy)
-                self.rendezvous.members = frozenset(view.members)
+                self.rendezvous.members = frozenset(view.members) | policy.awaited_nodes
                 self.rendezvous.epoch = self._epoch
         finally:
             cache.close()

@@ -580,6 +580,15 @@ class RingPolicy:
         """Whether a takeover still waits for the adopted ring's members (see :meth:`adopt`)."""
         return self._adopting is not None
 
+    @property
+    def awaited_nodes(self) -> frozenset[str]:
+        """The nodes of the adopted ring while a takeover waits for them: the launcher counts
+        them as members meanwhile (a node whose lease lapsed in the outage asks whether it
+        still counts before it registers again; told no, it would stop its processes)."""
+        if self._adopting is None:
+            return frozenset()
+        return frozenset(split_slot(slot)[0] for slot in self._adopting.ring.slots)
+
     def _adopt(
         self, ring: Ring | None, view: JobView, directives: Mapping[str, Mapping[int, int]]
     ) -> list[Decision]:

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,12 +34,13 @@ from elastic_allreduce.records.values import (
     MemberRecord,
     ProcPhase,
     ProcRecord,
+    Ring,
     RingState,
 )
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import SlotAssignment
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Guard, Lease
-from launcher.agent import NodeTemplate
+from launcher.agent import NodeTemplate, ask_standing
 from launcher.launcher import JobResult, Launcher, LaunchSettings, LeadershipLostError
 from launcher.observe.events import EventKind, read_events
 from launcher.observe.observer import JobObserver, ObserverSettings
@@ -529,3 +531,49 @@ def test_a_launcher_that_takes_over_replaces_the_lost_nodes_its_provisioner_mana
             assert not result.done()
     finally:
         logging.getLogger("elastic-run").removeHandler(lost)
+
+
+def test_a_takeover_waiting_for_the_ring_s_nodes_counts_them_as_members_meanwhile(
+    store: EtcdStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #12: a node whose lease lapsed in an etcd outage asks the launcher that took over
+    whether it still counts before it registers again; told no, its agent would stop its
+    processes (seen in test_takeover_outage under load: a failure epoch after the adoption)."""
+    settings = JobSettings(1, 2, 1, 1, wait_timeout=20.0, start_grace=5.0)
+    store.put(keys.JOB_CONFIG, JobConfig(settings, ("python", "train.py")).to_json())
+    SimulatedNode(store, "a0")  # a1's records are gone: its leases expired in the outage
+    store.put(keys.RING, Ring(1, ("a0.0", "a1.0"), RingState.RUNNING, "127.0.0.1:1").to_json())
+    leader = store.grant_lease(30)
+    assert store.create(keys.LEADER, {"rendezvous": None}, lease=leader) is not None
+    waiting = LogLines("waiting up to")
+    caplog.set_level(logging.INFO, logger="elastic-run")
+    logging.getLogger("elastic-run").addHandler(waiting)
+    try:
+        with start_launcher(store, RecordingProvisioner(), standby=True) as (result, _):
+            leader.revoke()  # the leader is gone: the standby takes the job over
+            job = wait_for(
+                store,
+                lambda j: j.leader is not None and j.leader.record.rendezvous is not None,
+                20,
+                "the standby leading",
+            )
+            assert job.leader is not None
+            endpoint = job.leader.record.endpoint()
+            assert endpoint is not None
+            assert waiting.seen.wait(20), "the standby did not wait for a1"
+            asked = ask_standing(endpoint, "a1", timeout=10.0)
+            assert asked is not None and asked.member, asked
+            stranger = ask_standing(endpoint, "a7", timeout=10.0)
+            assert stranger is not None and not stranger.member
+            # Once the launcher's loop has looked at the members (a7 registers and counts),
+            # a1 still counts: the policy waits for it.
+            SimulatedNode(store, "a7")
+            deadline = time.monotonic() + 20.0
+            while not (seen := ask_standing(endpoint, "a7", timeout=10.0)) or not seen.member:
+                assert time.monotonic() < deadline, "a7 never counted as a member"
+                threading.Event().wait(0.05)
+            asked = ask_standing(endpoint, "a1", timeout=10.0)
+            assert asked is not None and asked.member, asked
+            assert not result.done()
+    finally:
+        logging.getLogger("elastic-run").removeHandler(waiting)

@@ -575,6 +575,8 @@ def test_a_takeover_right_after_an_outage_waits_for_the_ring_to_register_again()
     world.now = 10.0
     decisions = successor.adopt(stored, world.view(), {}, hold=8.0)
     waited = [*decisions, *step(successor, world)]
+    # Meanwhile the launcher counts them as members (a node that asks is not cut off).
+    assert successor.awaited_nodes == {"n0", "n1"}
     world.now = 12.0
     world.add_node("n0")  # registered again (a new revision), its process too
     world.waiting.clear()
@@ -615,6 +617,7 @@ def test_a_takeover_stops_waiting_when_the_hold_ends_and_starts_no_node_itself()
     world.now = 18.5  # the hold is over: n1 is gone
     decisions = step(successor, world)
     assert not successor.adopting
+    assert successor.awaited_nodes == frozenset()
     assert any("waiting for workers: 1 of at least 2" in d.message for d in of(Log, decisions)), (
         decisions
     )

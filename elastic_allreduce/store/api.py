@@ -310,6 +310,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def lease_remaining(self, lease_id: int) -> int | None:
+        """Whole seconds the server still keeps ``lease_id``, or None when it is gone or has
+        expired. Right after an outage etcd revokes every expired lease, one at a time: until
+        it has, their keys are still there, and only this tells that they are dead."""
+
+    @abc.abstractmethod
     def revoke_lease(self, lease_id: int) -> bool:
         """Revoke any lease by id (to evict a member that stopped responding).
 

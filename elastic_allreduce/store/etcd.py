@@ -750,6 +750,13 @@ class EtcdStore(Store):
         lease.start()
         return lease
 
+    def lease_remaining(self, lease_id: int) -> int | None:
+        # etcd answers -1 for a lease it does not know and the (negative) time since expiry,
+        # truncated toward zero, for one it has not revoked yet.
+        reply = self._call("lease/timetolive", {"ID": str(lease_id)})
+        remaining = _int(reply, "TTL")
+        return None if remaining < 0 else remaining
+
     def revoke_lease(self, lease_id: int) -> bool:
         try:
             self._call("kv/lease/revoke", {"ID": str(lease_id)})

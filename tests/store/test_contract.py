@@ -230,6 +230,27 @@ def test_lease_revoked_elsewhere_is_reported_lost_once(store_factory: StoreFacto
     assert holder.get("members/me") is None
 
 
+def test_lease_remaining_is_a_live_leases_ttl_and_none_once_it_expired_or_was_revoked(
+    store_factory: StoreFactory,
+) -> None:
+    job = fresh_job_id()
+    holder, other = store_factory(job), store_factory(job)
+    live = holder.grant_lease(5)
+    remaining = other.lease_remaining(live.id)
+    assert remaining is not None and 0 < remaining <= live.ttl, remaining
+    revoked = holder.grant_lease(5)
+    revoked.revoke()
+    assert other.lease_remaining(revoked.id) is None
+    expiring = holder.grant_lease(1)
+    holder.put("members/me", 1, lease=expiring)
+    watch = other.watch_prefix("members/")
+    expiring.stop_keepalive()
+    deleted = next_event(watch, timeout=10)
+    assert (deleted.type, deleted.key) == (EventType.DELETE, "members/me")
+    assert other.lease_remaining(expiring.id) is None
+    assert other.lease_remaining(live.id) is not None
+
+
 def test_two_job_prefixes_never_see_each_others_keys(store_factory: StoreFactory) -> None:
     stem = fresh_job_id("iso")
     job1, job10 = store_factory(f"{stem}-1"), store_factory(f"{stem}-10")

@@ -52,6 +52,7 @@ def test_a_job_reads_writes_leases_and_watches_over_tls_with_its_own_user(
         assert store.compare_and_swap("ring", {"epoch": 1}, expected_mod_revision=0)
         put = next_event(watch)
         assert (put.type, put.key, put.revision) == (EventType.PUT, "members/a", revision)
+        assert store.lease_remaining(lease.id) is not None  # a takeover asks, as the job's user
         lease.revoke()  # needs write permission on the keys attached: the job's own
         deleted = next_event(watch)
         assert (deleted.type, deleted.key) == (EventType.DELETE, "members/a")
