@@ -116,7 +116,7 @@ def test_rank_zero_and_the_launcher_write_summaries_through_a_sigkill_of_rank_ze
 
     # The successor's file opens with the marker of the failure's epoch, its only one.
     markers = series(after, "ring/changes")
-    assert len(markers) == 1, (markers, job.tail(150, quiet=True))
+    assert len(markers) == 1, f"{markers}\n{job.tail(150, quiet=True)}"
     (marker,) = markers
     step = marker[0]
     text = str(marker[1])
