@@ -205,14 +205,19 @@ def test_keepalive_holds_a_key_past_several_ttls_and_revoke_deletes_it(
     lease.revoke()  # idempotent
 
 
-def test_lease_stop_keepalive_lets_the_key_expire(store_factory: StoreFactory) -> None:
-    store = store_factory()
-    lease = store.grant_lease(1)
-    store.put("members/me", 1, lease=lease)
-    watch = store.watch_prefix("members/")
+def let_expire(lease: Lease, holder: Store, watcher: Store) -> None:
+    """A key under ``lease``; its keep-alive stopped: returns once ``watcher`` sees the
+    server delete the key."""
+    holder.put("members/me", 1, lease=lease)
+    watch = watcher.watch_prefix("members/")
     lease.stop_keepalive()
     deleted = next_event(watch, timeout=10)
     assert (deleted.type, deleted.key) == (EventType.DELETE, "members/me")
+
+
+def test_lease_stop_keepalive_lets_the_key_expire(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    let_expire(store.grant_lease(1), store, store)
 
 
 def test_lease_revoked_elsewhere_is_reported_lost_once(store_factory: StoreFactory) -> None:
@@ -242,11 +247,7 @@ def test_lease_remaining_is_a_live_leases_ttl_and_none_once_it_expired_or_was_re
     revoked.revoke()
     assert other.lease_remaining(revoked.id) is None
     expiring = holder.grant_lease(1)
-    holder.put("members/me", 1, lease=expiring)
-    watch = other.watch_prefix("members/")
-    expiring.stop_keepalive()
-    deleted = next_event(watch, timeout=10)
-    assert (deleted.type, deleted.key) == (EventType.DELETE, "members/me")
+    let_expire(expiring, holder, other)
     assert other.lease_remaining(expiring.id) is None
     assert other.lease_remaining(live.id) is not None
 
