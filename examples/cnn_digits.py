@@ -11,6 +11,7 @@ HxWxC, integer labels).
 
 import argparse
 import json
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -24,6 +25,12 @@ parser.add_argument("--learning-rate", type=float, default=0.003)
 parser.add_argument("--commit-every", type=int, default=5, help="steps between commits")
 parser.add_argument("--data", help="an .npz file with x_train, y_train, x_test, y_test")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument(
+    "--min-epoch-seconds",
+    type=float,
+    default=0.0,
+    help="an epoch lasts at least this long (a demo's pace: joins and kills land mid-training)",
+)
 args = parser.parse_args()
 
 
@@ -90,6 +97,7 @@ state = ea.State(model, optimizer, epoch=0, position=0, step=0)
 @ea.run
 def train(state):
     while state.epoch < args.epochs:
+        began = time.monotonic()
         for batch in data.batches(state):
             train_step(batch.features, batch.labels, tf.constant(batch.loss_scale, tf.float32))
             data.advance(state, batch)
@@ -101,6 +109,7 @@ def train(state):
             report = {"epoch": state.epoch, "step": state.step, "ranks": ea.size()}
             report["test_accuracy"] = round(accuracy(x_test, y_test), 4)
             print(json.dumps(report), flush=True)
+        time.sleep(max(0.0, args.min_epoch_seconds - (time.monotonic() - began)))
 
 
 train(state)

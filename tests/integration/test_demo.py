@@ -70,6 +70,7 @@ def test_the_demo_trains_through_a_join_and_a_kill_to_a_good_accuracy() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     assert code == 0, output[-5000:]
     assert "joined" in output and "crashed: killed by SIGKILL" in output
+    assert "=== demo: the job trains on at 2 ranks:" in output, output[-5000:]
     accuracy = float(output.split("\nfinal test accuracy: ", 1)[1].split()[0])
     assert accuracy >= 0.95
     assert output.count("0 missing, 0 duplicated: ok") == 12
