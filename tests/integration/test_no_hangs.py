@@ -282,12 +282,16 @@ def test_a_long_first_step_and_a_marked_evaluation_are_not_hangs(
     assert_same_state_at_the_end(job, 2)
 
 
-def test_status_shows_each_ranks_last_step_and_step_time(etcd_server, jobs: list[Job]) -> None:
+def test_status_shows_each_ranks_last_step_and_step_time(
+    etcd_server, jobs: list[Job], tmp_path: Path
+) -> None:
+    # Trains until told to stop (600 fixed steps could end before status showed both ranks).
+    stop = tmp_path / "stop"
     job = start_job(
         etcd_server,
         *("--workers", "2"),
         script=HANG_SCRIPT,
-        script_args=("--steps", "600", "--step-delay", "0.02"),
+        script_args=("--steps", "20", "--step-delay", "0.02", "--stop-file", str(stop)),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 10, 90, "commits at size 2")
@@ -300,4 +304,5 @@ def test_status_shows_each_ranks_last_step_and_step_time(etcd_server, jobs: list
 
     job.wait_for(both_ranks_shown, 30, "each rank's step and step time in `elastic-run status`")
     assert all(" -- step " in line for line in ranks), ranks
+    stop.touch()
     assert job.finish(120) == 0, job.tail()
