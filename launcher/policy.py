@@ -243,6 +243,11 @@ def missing_at_takeover(ring: Ring | None, view: JobView) -> tuple[str, ...]:
     )
 
 
+def _proc_incarnation(view: JobView, slot: str) -> int | None:
+    proc = view.procs.get(slot)
+    return None if proc is None else proc.incarnation
+
+
 class PolicyError(ElasticAllreduceError):
     """The policy was asked to do something its rules forbid (a bug in its caller or in it)."""
 
@@ -624,8 +629,12 @@ class RingPolicy:
             return [Log("took over a job that had not formed its first ring yet")]
         self.budget.used = min(ring.restarts_used, self.budget.limit)
         self.ring = ring
+        # The ring's own record of its members where it has one: a process registered since
+        # (an agent fenced itself in an outage and restarted it) is a newcomer, not a member.
         self.member_incarnations = {
-            slot: view.procs[slot].incarnation for slot in ring.slots if slot in view.procs
+            slot: incarnation
+            for slot in ring.slots
+            if (incarnation := ring.incarnation(slot) or _proc_incarnation(view, slot))
         }
         self.epoch_since = view.now
         if ring.state is RingState.RUNNING:
@@ -1240,9 +1249,14 @@ class RingPolicy:
         return decisions
 
     def _write_ring(self) -> WriteRing:
-        """Write :attr:`ring`, with the restarts spent so far (a successor goes on from there)."""
+        """Write :attr:`ring` with the restarts spent so far and its members' incarnations (a
+        successor goes on from there, and tells the members from later processes of a slot)."""
         assert self.ring is not None
-        self.ring = replace(self.ring, restarts_used=self.budget.used)
+        self.ring = replace(
+            self.ring,
+            restarts_used=self.budget.used,
+            incarnations=tuple(self.member_incarnations.get(s, 0) for s in self.ring.slots),
+        )
         return WriteRing(self.ring)
 
     def _may_join_later(self, slot: str, view: JobView) -> bool:

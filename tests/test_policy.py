@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import pytest
@@ -646,3 +646,39 @@ def test_a_takeover_waits_for_no_slot_whose_exit_was_reported() -> None:
     assert missing_at_takeover(stored, world.view()) == ("node n1",)
     successor.adopt(stored, world.view(), {}, hold=8.0)
     assert successor.adopting  # a node that is gone is waited for, whatever its slots did
+
+
+def test_a_takeover_tells_the_rings_members_from_processes_restarted_since() -> None:
+    """Issue #12 (soak, fault 12): the leader dies as etcd returns from a quorum loss; the
+    agents, cut off past their leases, fenced themselves and started new incarnations of
+    their processes, which wait at the rendezvous. The ring names its members' incarnations,
+    so the successor sees that none of them survives and forms a failure epoch for the new
+    processes (before, it took them for the members and sent them away after 120 s)."""
+    world = World()
+    stored = running_ring(world, 2)
+    assert stored.incarnations == (1, 1)
+    successor = make_policy(0, min_workers=2, max_workers=2)
+    world.members, world.procs, world.waiting = {}, {}, {}
+    world.now = 10.0
+    for node in ("n0", "n1"):
+        world.add_node(node, incarnation=2)  # fenced, registered again, waiting as newcomers
+    decisions = successor.adopt(stored, world.view(), {"n0": {0: 2}, "n1": {0: 2}}, hold=8.0)
+    assert not successor.adopting  # every node and slot is registered
+    decisions += step(successor, world)
+    (formed,) = [d.ring for d in of(WriteRing, decisions) if d.ring.state is RingState.FORMING]
+    assert formed.epoch == 2 and formed.cause.value == "failure"
+    assert formed.incarnations == (2, 2)
+    assert answers(decisions) == {"n0.0": 0, "n1.0": 1}
+    assert of(StopNode, decisions) == [] and successor.restarts_used == 0
+
+
+def test_a_ring_written_before_incarnations_were_recorded_is_adopted_from_the_processes() -> None:
+    """An older ring record has no incarnations: the successor takes the processes it finds
+    for the members, as it did before (no new epoch)."""
+    world = World()
+    stored = replace(running_ring(world, 2), incarnations=())
+    world.waiting.clear()
+    successor = make_policy(0, min_workers=2, max_workers=2)
+    successor.adopt(stored, world.view(), {})
+    assert stored.incarnation("n0.0") is None
+    assert step(successor, world) == []

@@ -46,7 +46,9 @@ RECORDS: dict[str, Any] = {
     keys.LEADER: LeaderRecord("10.0.0.1:4000", "10.0.0.1:9090", "t0ken"),
     keys.JOB_CONFIG: JobConfig(SETTINGS, ("python", "train.py", "--lr", "0.1"), "/ckpt"),
     keys.SCALE_TARGET: ScaleTarget(3),
-    keys.RING: Ring(4, ("n0.0", "n1.0"), RingState.FORMING, "h:1", ("n1.0",), EpochCause.RESIZE),
+    keys.RING: Ring(
+        4, ("n0.0", "n1.0"), RingState.FORMING, "h:1", ("n1.0",), EpochCause.RESIZE, 1, (3, 1)
+    ),
     keys.JOB_STATUS: JobStatus(JobPhase.FAILED, "slot n0.0 crashed", leader=7587),
     keys.PROGRESS: Progress.of({"step": 12, "epoch": 1, "commit_id": 3, "lr": 0.5}, 2),
     keys.member("n0"): MemberRecord("10.0.0.2", 2, 1234, leaving=True),
@@ -177,6 +179,28 @@ MALFORMED: list[tuple[type[Any], JsonValue, str]] = [
         Ring,
         {"epoch": 1, "slots": [], "state": "running", "rendezvous": "h:1", "cause": "x"},
         "'resize'",
+    ),
+    (
+        Ring,
+        {
+            "epoch": 1,
+            "slots": ["n0.0"],
+            "state": "running",
+            "rendezvous": "h:1",
+            "incarnations": [1, 2],
+        },
+        "2 incarnations for 1 slots",
+    ),
+    (
+        Ring,
+        {
+            "epoch": 1,
+            "slots": ["n0.0"],
+            "state": "running",
+            "rendezvous": "h:1",
+            "incarnations": [-1],
+        },
+        "a list of integers >= 0",
     ),
 ]
 

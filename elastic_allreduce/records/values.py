@@ -138,6 +138,18 @@ class _Fields:
             raise self._bad(name, "a list of strings")
         return tuple(str(item) for item in raw)
 
+    def integers(
+        self, name: str, *, minimum: int, default: tuple[int, ...] | None = None
+    ) -> tuple[int, ...]:
+        if name not in self.value and default is not None:
+            return default
+        raw = self.value.get(name)
+        items = raw if isinstance(raw, list) else [None]
+        numbers = tuple(i for i in items if isinstance(i, int) and not isinstance(i, bool))
+        if len(numbers) != len(items) or any(n < minimum for n in numbers):
+            raise self._bad(name, f"a list of integers >= {minimum}")
+        return numbers
+
     def enum(self, name: str, kind: type[_E], default: _E | None = None) -> _E:
         if name not in self.value and default is not None:
             return default
@@ -571,6 +583,16 @@ class Ring:
     #: Restarts of ``--max-restarts`` spent when the epoch was written: a launcher that takes
     #: the job over goes on from there instead of with a new budget.
     restarts_used: int = 0
+    #: Each slot's process incarnation when it became a member (0: not known), in the order
+    #: of ``slots``; empty in a ring written before this field. A launcher that takes the job
+    #: over tells a member from a later process of its slot by it.
+    incarnations: tuple[int, ...] = ()
+
+    def incarnation(self, slot: str) -> int | None:
+        """The incarnation ``slot`` had when it became a member; None when not known."""
+        if slot not in self.slots or not self.incarnations:
+            return None
+        return self.incarnations[self.slots.index(slot)] or None
 
     def assignment(self, slot: str) -> SlotAssignment:
         """The slot's ranks in this epoch; REMOVED when it is not a member."""
@@ -597,6 +619,7 @@ class Ring:
             "waiting": list(self.waiting),
             "cause": self.cause.value,
             "restarts_used": self.restarts_used,
+            "incarnations": list(self.incarnations),
         }
 
     @classmethod
@@ -611,6 +634,11 @@ class Ring:
                 raise MalformedValueError(key, f"the ring: {exc}") from None
         if len(set(slots)) != len(slots):
             raise MalformedValueError(key, f"the ring lists a slot twice: {list(slots)}")
+        incarnations = fields.integers("incarnations", minimum=0, default=())
+        if incarnations and len(incarnations) != len(slots):
+            raise MalformedValueError(
+                key, f"the ring has {len(incarnations)} incarnations for {len(slots)} slots"
+            )
         return cls(
             fields.integer("epoch", minimum=1),
             slots,
@@ -619,6 +647,7 @@ class Ring:
             waiting,
             fields.enum("cause", EpochCause, EpochCause.START),
             fields.opt_integer("restarts_used", minimum=0) or 0,
+            incarnations,
         )
 
 
