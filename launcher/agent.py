@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -975,6 +976,7 @@ def python_script_args(command: Sequence[str], *, check_exists: bool = True) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launcher.agent SETTINGS_JSON``: how the local provisioner starts agents."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as `elastic-run` does
     raw = json.loads((sys.argv[1:] if argv is None else list(argv))[0])
     raw["command"] = tuple(raw["command"])
     try:

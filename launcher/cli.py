@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -658,6 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         arguments = ["run", *arguments]
     args = _build_parser().parse_args(arguments)
+    # `kill -USR1 PID` prints every thread's stack to stderr: where a launcher or node waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -92,7 +92,9 @@ def test_keys_reports_bad_input_with_one_clear_line(etcd_server: EmbeddedEtcd) -
         assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_etcd_command_serves_until_sigterm_and_cleans_up(tmp_path: Path) -> None:
+def test_etcd_command_serves_until_sigterm_prints_its_stacks_on_sigusr1_and_cleans_up(
+    tmp_path: Path,
+) -> None:
     proc = subprocess.Popen(
         [ELASTIC_RUN, "etcd", "--data-dir", str(tmp_path / "data")],
         stdout=subprocess.PIPE,
@@ -104,12 +106,16 @@ def test_etcd_command_serves_until_sigterm_and_cleans_up(tmp_path: Path) -> None
         line = proc.stdout.readline()
         assert "serving on 127.0.0.1:" in line, line
         endpoint = line.rsplit("--etcd ", 1)[1].strip()
+        proc.send_signal(signal.SIGUSR1)  # prints its stacks and goes on serving
         with EtcdStore(endpoint, "cli-job") as store:
             store.put("ring", 1)
             kv = store.get("ring")
             assert kv is not None and kv.value == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
+        assert proc.stderr is not None
+        stacks = proc.stderr.read()
+        assert "Current thread" in stacks and "_run_etcd" in stacks, stacks
         with EtcdStore(endpoint, "cli-job", request_timeout=1.0) as store:
             assert not _answers(store)
     finally:

@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -130,7 +131,15 @@ class Job:
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise AssertionError("job did not finish; output:\n" + self.tail()) from exc
+            # Where it waits: elastic-run prints every thread's stack on SIGUSR1.
+            self.proc.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(AssertionError):
+                self.wait_for(
+                    lambda: any(line.startswith("Current thread") for line in self.lines),
+                    5,
+                    "the stacks",
+                )
+            raise AssertionError("job did not finish; output:\n" + self.tail(160)) from exc
         if self._reader is not None:
             self._reader.join(timeout=OUTPUT_END_TIMEOUT)
             if self._reader.is_alive():  # a process still holds the pipe open
