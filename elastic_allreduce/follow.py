@@ -105,7 +105,6 @@ class LeaderFollower:
     def __init__(
         self, store: Store, slot: str, endpoint: Endpoint, horovod: HorovodRendezvous
     ) -> None:
-        self._slot = slot
         #: The relay this process's clients reach the launcher through.
         self._horovod = horovod
         self._changed = threading.Condition()
@@ -161,23 +160,18 @@ class LeaderFollower:
             try:
                 host, port = self._horovod.point(endpoint.address, endpoint.token)
             except (OSError, ElasticAllreduceError) as exc:
-                log.warning(
-                    "slot %s: ignoring the launcher's rendezvous %r: %s",
-                    self._slot,
-                    endpoint.address,
-                    exc,
-                )
+                log.warning("ignoring the launcher's rendezvous %r: %s", endpoint.address, exc)
                 return
             self._endpoint = endpoint
             self._changed.notify_all()
         try:
             registered = register_again(host, port)
         except (OSError, RuntimeError, ElasticAllreduceError) as exc:
-            log.warning("slot %s: could not register with the new launcher: %s", self._slot, exc)
+            log.warning("could not register with the new launcher: %s", exc)
             registered = False
+        # The agent's prefix of each line it relays names the slot.
         log.info(
-            "slot %s: the job's launcher moved to %s%s",
-            self._slot,
+            "the job's launcher moved to %s%s",
             endpoint.address,
             "; registered with it" if registered else "",
         )
