@@ -27,6 +27,7 @@ import collections
 import contextlib
 import dataclasses
 import faulthandler
+import io
 import json
 import logging
 import os
@@ -973,10 +974,21 @@ def python_script_args(command: Sequence[str], *, check_exists: bool = True) -> 
     return args
 
 
+def print_stacks_on_sigusr1() -> None:
+    """Make `kill -USR1 PID` print every thread's stack to stderr: where a launcher or node waits.
+
+    Skipped where stderr is no file (``main`` called in-process with its output captured).
+    """
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m launcher.agent SETTINGS_JSON``: how the local provisioner starts agents."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as `elastic-run` does
+    print_stacks_on_sigusr1()
     raw = json.loads((sys.argv[1:] if argv is None else list(argv))[0])
     raw["command"] = tuple(raw["command"])
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import faulthandler
 import json
 import logging
 import os
@@ -28,7 +27,13 @@ from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse
 from elastic_allreduce.store.cache import drain, new_inbox
 from launcher import job_options, netinfo, security_cli, status_view
 from launcher import zoo as zoo_cli
-from launcher.agent import Agent, AgentSettings, NodeTemplate, resolve_command
+from launcher.agent import (
+    Agent,
+    AgentSettings,
+    NodeTemplate,
+    print_stacks_on_sigusr1,
+    resolve_command,
+)
 from launcher.exit_codes import EXIT_HANDED_OVER, exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
@@ -659,8 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         arguments = ["run", *arguments]
     args = _build_parser().parse_args(arguments)
-    # `kill -USR1 PID` prints every thread's stack to stderr: where a launcher or node waits.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    print_stacks_on_sigusr1()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
