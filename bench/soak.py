@@ -29,7 +29,8 @@ ring steps, at least 2 of them; after it the pool is topped up to 3 nodes with n
 new standby replaces one that took over; every etcd member runs again before the next fault. A
 fault takes one rank of a ring whose every rank has synced, so the committed state always
 survives (``--min-workers 1``: the survivors re-form at once, whatever their number). Fault i
-waits until the job has trained i/(N+1) of its epochs, so the faults are spread over the run.
+waits until the job has trained i/N of 85 % of its epochs, so the faults are spread over the
+run and the job keeps epochs in hand for a schedule that falls behind.
 
 Recovery of a fault: from the fault until every rank of a ring has stepped again (printed two
 audit lines after it). For faults that change the ring (kill, hang, leave, join, partition) the
@@ -89,8 +90,12 @@ WORKER_HOSTS: Final = 6
 POOL: Final = 3  # nodes the pool is topped up to after each fault
 MAX_NODES: Final = 4  # --max-workers
 LEASE_TTL: Final = 3
-#: Data epochs of the job per planned fault: the job must outlast the schedule.
-EPOCHS_PER_FAULT: Final = 6.5
+#: Data epochs of the job per planned fault: the job must outlast the schedule (at 6.5 the
+#: replay of seed 11734 ran out of epochs at fault 98: its faults fell behind the epochs).
+EPOCHS_PER_FAULT: Final = 8
+#: The share of the epochs the faults are spread over; the rest is slack for a schedule that
+#: falls behind the epochs (each fault also waits for its recovery and the upkeep).
+SPREAD: Final = 0.85
 MIN_EPOCHS: Final = 20
 GLOBAL_BATCH: Final = 64  # cnn_digits.py's default
 
@@ -807,7 +812,7 @@ class SoakJob:
         and the plan's gap passed; then the upkeep."""
         last = time.monotonic()
         for plan in plans:
-            target = math.floor(plan.index * self.epochs / (len(plans) + 1))
+            target = math.floor(plan.index * self.epochs * SPREAD / len(plans))
             with self.tracker.cond:  # behind the epochs: no pause
                 ready_at = last if self.tracker.max_epoch >= target else last + plan.gap_s
 
