@@ -97,6 +97,8 @@ EPOCHS_PER_FAULT: Final = 8
 #: falls behind the epochs (each fault also waits for its recovery and the upkeep).
 SPREAD: Final = 0.85
 MIN_EPOCHS: Final = 20
+#: How long a fault that needs a training process of the newest ring waits for one.
+VICTIM_LIMIT_S: Final = 60.0
 GLOBAL_BATCH: Final = 64  # cnn_digits.py's default
 
 KINDS: Final = (
@@ -911,15 +913,24 @@ class SoakJob:
 
     def _victim(self, plan: Plan) -> tuple[Node, int]:
         """A training process of the newest ring, and its pid."""
-        nodes = self.ring_nodes()
-        if not nodes:
-            raise SoakError("no node of the newest ring is known")
-        first = nodes.index(chosen(nodes, plan.pick))
-        for node in nodes[first:] + nodes[:first]:
-            pid = self.training_pid(node)
-            if pid is not None:
-                return node, pid
-        raise SoakError("no training process of the newest ring found")
+        found: list[tuple[Node, int]] = []
+
+        def look() -> bool:
+            nodes = self.ring_nodes()
+            if nodes:
+                first = nodes.index(chosen(nodes, plan.pick))
+                for node in nodes[first:] + nodes[:first]:
+                    pid = self.training_pid(node)
+                    if pid is not None:
+                        found.append((node, pid))
+                        return True
+            return False
+
+        # A process of the ring may be restarting (its previous fault cost a restart after
+        # all): the fault waits for one, as it waits for a healthy ring.
+        if poll_until(look, VICTIM_LIMIT_S) is None:
+            raise SoakError(f"no training process of the newest ring within {VICTIM_LIMIT_S} s")
+        return found[0]
 
     def _fault(self, plan: Plan, moment: float, target: str, ranks: int) -> Fault:
         return Fault(plan.index, plan.kind, round(self._since(moment), 2), target, ranks)

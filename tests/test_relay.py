@@ -203,6 +203,76 @@ def test_a_relay_that_cannot_connect_closes_the_client_s_connection_at_once() ->
         piped.close()
 
 
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (b"GET /rank_and_size/n0.0:0 HTTP/1.1\r\nHost: x\r\n\r\n", True),
+        (b"GET /rank_and_size HTTP/1.1\r\n\r\n", True),
+        (b"GET /global/0 HTTP/1.1\r\n\r\n", False),
+        (b"GET /elastic_ready/n0.0 HTTP/1.0\r\n\r\n", False),
+        (b"PUT /progress/n0.0 HTTP/1.0\r\n\r\n", False),
+        (b"GET /x/rank_and_size HTTP/1.0\r\n\r\n", False),
+        (b"GARBAGE\r\n\r\n", False),
+    ],
+)
+def test_only_horovod_s_wait_for_its_ranks_is_held_for_a_launcher(
+    head: bytes, expected: bool
+) -> None:
+    assert relay.held(head) is expected
+
+
+def _ask_in_background(address: str, path: str) -> tuple[threading.Thread, list[object]]:
+    """GET ``path`` through the relay in a thread: its answer (bytes) or error lands in the
+    list."""
+    outcome: list[object] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(get(address, path))
+        except OSError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_horovod_s_wait_for_its_ranks_waits_in_the_relay_for_the_next_launcher(
+    upstreams: Callable[..., Upstream],
+) -> None:
+    """Issue #12 (the soak): a survivor waiting to re-form when its launcher is SIGKILLed sends
+    ``rank_and_size`` again from Horovod's C++ store, which tries three times 0.5 s apart and
+    then aborts the process; the relay holds that request until a launcher answers."""
+    piped = Relay("127.0.0.1", closed_port("127.0.0.1"), "old-token")
+    try:
+        thread, outcome = _ask_in_background(piped.address, "/rank_and_size/n0.0:0")
+        thread.join(1.5)  # three tries of Horovod's, and longer than RETRY_S
+        assert outcome == []  # still waiting, not closed unanswered
+        successor = upstreams("successor", "127.0.0.1")
+        piped.retarget("127.0.0.1", successor.port, "new-token")
+        thread.join(10)
+        assert outcome == [b"successor new-token"]  # the successor's token, not the old one
+    finally:
+        piped.close()
+
+
+def test_a_held_request_is_closed_unanswered_when_no_launcher_comes_or_the_relay_closes() -> None:
+    patient = Relay("127.0.0.1", closed_port("127.0.0.1"), "t", hold_s=0.3)
+    try:
+        thread, outcome = _ask_in_background(patient.address, "/rank_and_size/n0.0:0")
+        thread.join(10)
+        assert len(outcome) == 1 and isinstance(outcome[0], OSError), outcome
+    finally:
+        patient.close()
+    closing = Relay("127.0.0.1", closed_port("127.0.0.1"), "t")
+    thread, outcome = _ask_in_background(closing.address, "/rank_and_size/n0.0:0")
+    thread.join(0.5)
+    assert outcome == []
+    closing.close()
+    thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], OSError), outcome
+
+
 def test_a_connection_that_sends_no_request_head_is_dropped_unforwarded(
     upstreams: Callable[..., Upstream], monkeypatch: pytest.MonkeyPatch
 ) -> None:

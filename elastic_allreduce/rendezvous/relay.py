@@ -16,7 +16,11 @@ token lives in one place. A launcher takeover re-points the relay with the new l
 address and token (:meth:`HorovodRendezvous.point`); a connection made after that reaches the
 new launcher, one already open stays with the old one, as Horovod's own would. A relay that
 cannot connect closes the client's connection at once: Horovod then sees what it sees from a
-dead launcher (and retries).
+dead launcher (and retries) -- except for Horovod's wait for its ranks after a reset
+(``rank_and_size``, which the C++ store sends and tries only three times, 0.5 s apart, before it
+aborts the process): that request waits in the relay for a launcher to reach, up to
+:data:`HOLD_S`, so a survivor waiting to re-form when its launcher dies waits for the successor
+(which re-points the relay) instead of aborting and costing a restart.
 
 The relay listens on loopback: on Kubernetes that is the pod's own; on a shared machine any
 local user could send requests through it while the job runs (docs/security.md).
@@ -29,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Final
 
 from elastic_allreduce import env
@@ -43,6 +48,14 @@ _CHUNK: Final = 64 * 1024
 #: The longest request head the relay reads (Horovod's are well under 1 KiB).
 MAX_HEAD: Final = 16 * 1024
 _END_OF_HEAD: Final = b"\r\n\r\n"
+#: How long a held request (:func:`held`) waits for a launcher to reach: a standby takes over
+#: within a few lease TTLs, the same command started again somewhat later.
+HOLD_S: Final = 60.0
+#: One try to connect to the launcher: a dead pod's address may drop packets, not refuse (a
+#: live launcher with a full accept queue drops SYNs too, retried after 1 and 3 s).
+CONNECT_TIMEOUT_S: Final = 15.0
+#: While a request is held, the same launcher is tried again this often (it may have been slow).
+RETRY_S: Final = 1.0
 
 
 def with_token(head: bytes, token: str | None) -> bytes:
@@ -63,6 +76,15 @@ def with_token(head: bytes, token: str | None) -> bytes:
     if token is not None:
         fields.append(f"{protocol.TOKEN_HEADER}: {token}".encode("ascii"))
     return b"\r\n".join([request_line, *fields]) + _END_OF_HEAD
+
+
+def held(head: bytes) -> bool:
+    """Whether a request waits in the relay for a launcher to reach, rather than being closed
+    unanswered when there is none: Horovod's ``rank_and_size`` (its clients of every other
+    scope retry, or are ours and follow a new launcher themselves)."""
+    request_line = head.partition(b"\r\n")[0]
+    path = request_line.split(b" ")[1] if request_line.count(b" ") == 2 else b""
+    return path.split(b"/")[1:2] == [protocol.RANK_AND_SIZE.encode("ascii")]
 
 
 def read_head(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -108,10 +130,13 @@ class Relay:
     block in ``accept``/``recv``: nothing polls). Lives as long as the process or until
     :meth:`close`."""
 
-    def __init__(self, host: str, port: int, token: str | None) -> None:
+    def __init__(self, host: str, port: int, token: str | None, *, hold_s: float = HOLD_S) -> None:
         self._lock = threading.Lock()
+        #: Notified when the target changes or the relay closes (held requests wait on it).
+        self._retargeted = threading.Condition(self._lock)
         self._target = (host, port)
         self._token = token
+        self._hold_s = hold_s
         self._closed = threading.Event()
         self._listener = socket.create_server((RELAY_HOST, 0))
         self.port: int = self._listener.getsockname()[1]
@@ -138,10 +163,13 @@ class Relay:
         with self._lock:
             self._target = (host, port)
             self._token = token
+            self._retargeted.notify_all()
 
     def close(self) -> None:
-        """Stop accepting (connections being piped run to their end)."""
+        """Stop accepting (connections being piped run to their end; held ones are closed)."""
         self._closed.set()
+        with self._lock:
+            self._retargeted.notify_all()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept()
         self._listener.close()
@@ -163,22 +191,19 @@ class Relay:
             ).start()
 
     def _serve(self, client: socket.socket) -> None:
-        with self._lock:
-            (host, port), token = self._target, self._token
         with client:
             _nodelay(client)
             try:
                 head, rest = read_head(client)
-                head = with_token(head, token)
+                with_token(head, None)  # a request head, or the connection is dropped
             except (OSError, ProtocolError) as exc:
                 log.debug("rendezvous relay: dropped a connection: %s", exc)
                 return
-            try:
-                upstream = socket.create_connection((host, port))
-            except OSError as exc:
+            connected = self._connect(self._hold_s if held(head) else 0.0)
+            if connected is None:
                 # Closing the client's connection unanswered is what a dead launcher does too.
-                log.debug("rendezvous relay: cannot reach %s: %s", (host, port), exc)
                 return
+            upstream, token = connected
             with upstream:
                 _nodelay(upstream)
                 back = threading.Thread(
@@ -186,13 +211,36 @@ class Relay:
                 )
                 back.start()
                 try:
-                    upstream.sendall(head + rest)
+                    upstream.sendall(with_token(head, token) + rest)
                 except OSError:
                     with contextlib.suppress(OSError):
                         upstream.shutdown(socket.SHUT_RDWR)
                 else:
                     _copy(client, upstream)
                 back.join()
+
+    def _connect(self, hold_s: float) -> tuple[socket.socket, str | None] | None:
+        """A connection to the target and its token; None when it cannot be reached. With
+        ``hold_s`` it waits that long for a target that answers: the same one is tried again
+        every RETRY_S, a new one (:meth:`retarget`) at once."""
+        deadline = time.monotonic() + hold_s
+        with self._lock:
+            target, token = self._target, self._token
+        while True:
+            try:
+                upstream = socket.create_connection(target, timeout=CONNECT_TIMEOUT_S)
+            except OSError as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed.is_set():
+                    log.debug("rendezvous relay: cannot reach %s: %s", target, exc)
+                    return None
+                with self._lock:
+                    if self._target == target and not self._closed.is_set():
+                        self._retargeted.wait(min(remaining, RETRY_S))
+                    target, token = self._target, self._token
+                continue
+            upstream.settimeout(None)
+            return upstream, token
 
 
 class HorovodRendezvous:

@@ -361,3 +361,53 @@ def test_a_node_joining_while_its_launcher_is_replaced_follows_the_new_one(
     stop_file.touch()
     assert standby.finish(timeout=120) == 0, standby.tail()
     assert node.finish(timeout=60) == 0, node.tail()
+
+
+def test_a_survivor_waiting_to_re_form_when_its_launcher_dies_waits_for_the_successor(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """Issue #12 (the soak): a rank whose peer crashed waits for its next epoch in Horovod's
+    own ``rank_and_size`` request, which its C++ store tries three times 0.5 s apart before it
+    aborts the process. The launcher dies meanwhile: the survivor's relay holds the request
+    until the standby has taken over, so the survivor re-forms with the restarted peer as the
+    same process (before, it died of SIGABRT and cost a restart)."""
+    stop_file = tmp_path / "stop"
+    script_args = ("--stop-file", str(stop_file), "--commit-every", "5", "--step-delay", "0.03")
+    flags = ("--workers", "0", "--min-workers", "2", "--max-workers", "2", "--max-restarts", "3")
+    leader = start_job(etcd_server, *flags, script=UNTIL_SCRIPT, script_args=script_args)
+    jobs.append(leader)
+    leader.wait_for(lambda: any("started nodes" in line for line in leader.lines), 60, "leader")
+    standby = start_standby(etcd_server, leader, flags, script_args)
+    jobs.append(standby)
+    survivor, peer = join_job(etcd_server, leader), join_job(etcd_server, leader)
+    jobs += [survivor, peer]
+    for node in (survivor, peer):
+        node.wait_for(lambda n=node: len(n.commits(2)) >= 2, 180, "both ranks committing")
+    kept, victim = survivor.commits(2)[-1].slot, peer.commits(2)[-1].slot
+    kept_pid = leader.pid(keys.proc(kept))
+    os.kill(leader.pid(keys.proc(victim)), signal.SIGKILL)
+    # The survivor's collective fails and it asks for its next epoch, which waits for the
+    # peer's new process (a TensorFlow import away); the launcher dies while it waits.
+    leader.wait_for(
+        lambda: any(f"slot {victim} crashed" in line for line in leader.lines), 30, "the crash"
+    )
+    leader.proc.send_signal(signal.SIGKILL)
+    standby.wait_for(
+        lambda: any("took over ring epoch" in line for line in standby.lines),
+        30,
+        "the standby taking over",
+    )
+    before = len(survivor.commits(2))
+    survivor.wait_for(
+        lambda: len(survivor.commits(2)) >= before + 2 and len(peer.commits(2)) >= 4,
+        120,
+        "both ranks committing under the new launcher",
+    )
+    assert leader.pid(keys.proc(kept)) == kept_pid  # the same process, never restarted
+    assert not any("HTTP request failed" in line for line in survivor.lines), survivor.tail()
+    started = [line for line in survivor.lines if "started incarnation" in line]
+    assert len(started) == 1, started
+    stop_file.touch()
+    assert standby.finish(timeout=120) == 0, standby.tail()
+    for node in (survivor, peer):
+        assert node.finish(timeout=60) == 0, node.tail()
