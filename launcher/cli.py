@@ -553,6 +553,19 @@ def _standby(args: argparse.Namespace) -> bool:
     return standby
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_sigterm_and_sigint() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread (the launcher records
+    the interrupt, a standby leaves). SIGINT explicitly too: a process started in the
+    background by a script inherits it ignored, and Python then installs no handler (a standby
+    told `kill -INT` went on standing by; seen in make test run from a background shell)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+
+
 def _run_job(args: argparse.Namespace) -> int:
     """`elastic-run run`: lead one job, locally or (--kubernetes) with worker pods; the job's
     flags are those of launcher/job_options.py, shared with `elastic-run k8s render|submit`."""
@@ -588,10 +601,7 @@ def _run_job(args: argparse.Namespace) -> int:
     observing = observer_settings(args, job_id)
     tensorboard_dir = resolve_tensorboard_dir(args.tensorboard_dir)
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    _interrupt_on_sigterm_and_sigint()
     with contextlib.ExitStack() as stack:
         etcd = args.etcd
         if etcd is None:
