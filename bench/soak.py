@@ -68,6 +68,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final, TypeVar, cast
@@ -97,6 +98,9 @@ EPOCHS_PER_FAULT: Final = 8
 #: falls behind the epochs (each fault also waits for its recovery and the upkeep).
 SPREAD: Final = 0.85
 MIN_EPOCHS: Final = 20
+#: Standbys started for a takeover fault before the soak gives up (one that took the job over
+#: unasked, as etcd returned, is replaced).
+STANDBY_TRIES: Final = 3
 #: How long a fault that needs a training process of the newest ring waits for one.
 VICTIM_LIMIT_S: Final = 60.0
 GLOBAL_BATCH: Final = 64  # cnn_digits.py's default
@@ -728,25 +732,33 @@ class SoakJob:
         say(f"{self.name}: {nodes} ranks training ({self.job_id}, {self.epochs} epochs)")
 
     def ensure_standby(self) -> Launcher:
-        """A standby launcher standing by (started if there is none)."""
-        if self._needs_standby():
-            self.standby = self._launch(standby=True)
-            if self.faults:
-                self.upkeep["standbys"] += 1
-        standby = self.standby
-        assert standby is not None
-        if (
-            not self.tracker.wait(
-                lambda: (
-                    self.tracker.saw(standby.name, "standing by") is not None
-                    or standby.proc.poll() is not None
-                ),
-                LAUNCHER_LIMIT_S,
-            )
+        """A standby launcher standing by (started if there is none). One started while etcd
+        let the leader's lease expire takes the job over instead of standing by: then another
+        is started."""
+        for _ in range(STANDBY_TRIES):
+            if self._needs_standby():
+                self.standby = self._launch(standby=True)
+                if self.faults:
+                    self.upkeep["standbys"] += 1
+            standby = self.standby
+            assert standby is not None
+            self.tracker.wait(partial(self._stood_by_or_took_over, standby), LAUNCHER_LIMIT_S)
+            if standby.proc.poll() is not None:
+                break
+            if standby is self.leader():
+                continue  # it took the job over unasked: another one stands by for the fault
+            if self.tracker.saw(standby.name, "standing by") is not None:
+                return standby
+            break
+        name = self.standby.name if self.standby is not None else "the standby"
+        raise SoakError(f"{name} did not stand by within {LAUNCHER_LIMIT_S:.0f} s")
+
+    def _stood_by_or_took_over(self, standby: Launcher) -> bool:
+        return (
+            self.tracker.saw(standby.name, "standing by") is not None
+            or self.tracker.saw(standby.name, "taking over job") is not None
             or standby.proc.poll() is not None
-        ):
-            raise SoakError(f"{standby.name} did not stand by within {LAUNCHER_LIMIT_S:.0f} s")
-        return standby
+        )
 
     def tend(self) -> None:
         """After a fault: note nodes that ended, top the pool up to POOL, a standby again."""
