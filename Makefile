@@ -74,7 +74,7 @@ chaos: setup
 # The same job under a seeded random schedule of 100 faults of every kind (process kills and
 # stops, leaves, joins, launcher takeover and adoption, etcd restarts, member kills, quorum loss,
 # a cut link) on test hosts, after a clean run; writes bench/results/soak.json and the Soak
-# section of bench/RESULTS.md (35 to 40 minutes on 2 cores; root, for network namespaces).
+# section of bench/RESULTS.md (about 45 minutes on 2 cores; root, for network namespaces).
 # Replay a schedule: `make soak SEED=...` (FAULTS=N for a shorter one).
 soak: setup
 	$(BIN)/python -m bench.soak $(if $(SEED),--seed $(SEED)) $(if $(FAULTS),--faults $(FAULTS))
