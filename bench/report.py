@@ -590,10 +590,72 @@ def _state(item: dict[str, Any]) -> list[str]:
             rows,
         ),
         "",
+        *_state_stores(item),
     ]
 
 
 COMMIT_PARTS = ("save", "report", "check")
+#: Where a commit is loaded back from: restore_s's keys, as the table shows them.
+RESTORES = ("snapshot", "checkpoint_cold", "checkpoint_warm")
+
+
+def _state_stores(item: dict[str, Any]) -> list[str]:
+    """Item 5's second table: the commit kept outside the process (a shared-memory snapshot, a
+    checkpoint on disk) and loaded back, next to the peer broadcast; none for results measured
+    before these figures were."""
+    models = [model for model in item["models"] if "restore_s" in model]
+    if not models:
+        return []
+    rows = []
+    problems = []
+    for model in models:
+        restore = model["restore_s"]
+        rows.append(
+            [
+                f"{model['params']:,}",
+                _ms(model["commit_snapshots_off_s"]),
+                _ms(model["commit_snapshots_on_s"]),
+                _ms(model["snapshot_write_s"]),
+                _ms(model["checkpoint_write_s"]),
+                _ms(restore.get("snapshot")),
+                " / ".join(_ms(restore.get(k)) for k in RESTORES[1:]),
+                " / ".join(_ms(model[k]) for k in ("sync_first_s", "sync_warm_s")),
+            ]
+        )
+        problems += [f"- {model['params']:,} parameters: {p}" for p in model["store_problems"]]
+    rounds = item.get("store_rounds")
+    return [
+        "Keeping the commit outside the process, and loading it back (ms; medians of "
+        f"{rounds if rounds is not None else 'a few'} rounds per model, each part after a "
+        "barrier). Commit: `State.commit()` with the slot's shared-memory snapshot off (the "
+        "State's writer detached) and on (the writer idle at the start): the snapshot's cost on "
+        "the critical path. Snapshot write: from the commit's hand-off to the writer thread "
+        "until it is written (in the background; every rank writes its own at once). "
+        "Checkpoint write: `CheckpointDir.write` of the committed state, rank 0 alone, fsynced, "
+        f"to a folder on {item.get('checkpoint_filesystem', 'disk')}. Restore: rank 0 alone "
+        "loads the commit into the model (`state_snapshots.load_newest` with one source: read, "
+        "checked, assigned, committed in memory) from the snapshot, and from the checkpoint "
+        "with its files dropped from the page cache first (cold; a virtual machine's host may "
+        "still cache its disk) and again (warm); the peer broadcast is the sync above at 2 "
+        "ranks. The snapshot needs room in /dev/shm for two copies of the state per rank "
+        "while a new one replaces the last.",
+        "",
+        *_table(
+            [
+                "parameters",
+                "commit ms, snapshot off",
+                "commit ms, snapshot on",
+                "snapshot write ms (background)",
+                "checkpoint write ms",
+                "restore ms: snapshot",
+                "restore ms: checkpoint cold / warm",
+                "restore ms: broadcast fresh / warm",
+            ],
+            rows,
+        ),
+        "",
+        *([*problems, ""] if problems else []),
+    ]
 
 
 def _collectives(item: dict[str, Any]) -> list[str]:
@@ -1040,9 +1102,17 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.plot(params, [m["sync_first_s"] for m in models], "s-", label="sync (fresh ring)")
         ax.plot(params, [m["sync_bound_s"] for m in models], "--", label="bound S/B")
         ax.plot(params, [m["step_s"] for m in models], ":", label="one step")
+        for label, value in (
+            ("snapshot write (background)", lambda m: m.get("snapshot_write_s")),
+            ("checkpoint write", lambda m: m.get("checkpoint_write_s")),
+            ("restore from snapshot", lambda m: m.get("restore_s", {}).get("snapshot")),
+        ):
+            points = [(m["params"], value(m)) for m in models if value(m) is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), "x-.", label=label)
         ax.legend(fontsize=7)
     ax.set(xscale="log", yscale="log", xlabel="parameters", ylabel="seconds")
-    ax.set_title("5-6. commit and state broadcast vs model size")
+    ax.set_title("5-6. commit, state broadcast, snapshot and checkpoint vs model size")
 
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -143,9 +143,22 @@ def synthetic() -> dict[str, Any]:
                         "sync_first_s": 0.5,
                         "sync_warm_s": None,
                         "sync_bound_s": params * 12 / 3e9,
+                        "commit_snapshots_off_s": 0.0191,
+                        "commit_snapshots_on_s": 0.0202,
+                        "snapshot_write_s": params / 2e8,
+                        "checkpoint_write_s": params / 1e8,
+                        "restore_s": {
+                            "snapshot": params / 4e8,
+                            "checkpoint_cold": params / 5e7,
+                            "checkpoint_warm": params / 3e8,
+                        },
+                        "store_rounds": 3,
+                        "store_problems": [],
                     }
                     for params in (1_000_000, 50_000_000)
                 ],
+                "store_rounds": 3,
+                "checkpoint_filesystem": "ext4 at /",
             },
             "progress": {
                 "what": "steps/s, reporting on vs off",
@@ -311,6 +324,59 @@ def test_an_item_that_failed_is_reported_as_not_measured() -> None:
     assert "Not measured in this run: BenchError: the state job failed" in text
     assert "![main figures]" not in text
     _check_tables(text)
+
+
+def _state_section(text: str) -> str:
+    return text[text.index("## 5 and 6.") : text.index("## 7. Allreduce")]
+
+
+def test_snapshot_checkpoint_and_restore_costs_are_shown_per_model() -> None:
+    results = synthetic()
+    section = _state_section(report.render_markdown(results, png_link=None))
+    assert (
+        "| parameters | commit ms, snapshot off | commit ms, snapshot on | snapshot write ms "
+        "(background) | checkpoint write ms | restore ms: snapshot | restore ms: checkpoint "
+        "cold / warm | restore ms: broadcast fresh / warm |" in section
+    )
+    # commit off / on, snapshot write, checkpoint write, restore: snapshot, checkpoint cold /
+    # warm, broadcast (the sync) fresh / warm; each in ms.
+    assert "| 1,000,000 | 19.1 | 20.2 | 5.0 | 10.0 | 2.5 | 20.0 / 3.3 | 500.0 / — |" in section
+    assert (
+        "| 50,000,000 | 19.1 | 20.2 | 250.0 | 500.0 | 125.0 | 1000.0 / 166.7 | 500.0 / — |"
+        in section
+    )
+    assert "medians of 3 rounds per model" in section
+    assert "to a folder on ext4 at /." in section
+    assert "room in /dev/shm for two copies of the state per rank" in section
+    _check_tables(section)
+
+    # A figure that could not be taken says why.
+    model = results["items"]["state"]["models"][0]
+    model["snapshot_write_s"] = None
+    model["store_problems"] = ["the snapshot of commit 7 was not written"]
+    section = _state_section(report.render_markdown(results, png_link=None))
+    assert "| 1,000,000 | 19.1 | 20.2 | — | 10.0 |" in section
+    assert "- 1,000,000 parameters: the snapshot of commit 7 was not written" in section
+
+
+def test_state_results_from_before_the_snapshot_figures_still_render(tmp_path: Path) -> None:
+    results = synthetic()
+    for model in results["items"]["state"]["models"]:
+        for key in (
+            "commit_snapshots_off_s",
+            "commit_snapshots_on_s",
+            "snapshot_write_s",
+            "checkpoint_write_s",
+            "restore_s",
+            "store_rounds",
+            "store_problems",
+        ):
+            del model[key]
+    section = _state_section(report.render_markdown(results, png_link=None))
+    assert "| 1,000,000 | 11.4 MiB |" in section
+    assert "snapshot write" not in section
+    report.plot(results, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_summarize_counts_failed_trials() -> None:

@@ -10,12 +10,22 @@ which times on rank 0
 * sync: ``State.sync()``, the broadcast of the committed state that a joiner receives, timed
   after a barrier: the first one of each model (the first model's is also the ring's first
   collective after ``hvd.init``, as for a joiner), and repeats. Set next to the bound S / B:
-  the state's bytes over the loopback TCP bandwidth measured in the same run (item 7's figure).
+  the state's bytes over the loopback TCP bandwidth measured in the same run (item 7's figure);
+* keeping the commit outside the process, per model (medians of a few rounds, each after a
+  barrier): a commit with the slot's shared-memory snapshot off and on (its cost on the
+  critical path), the snapshot's background write (handed to the writer thread -> written),
+  ``CheckpointDir.write`` of the committed state to a temporary folder on disk (not /dev/shm),
+  and loading the commit back into the model (``state_snapshots.load_newest`` with one source)
+  from the snapshot and from the checkpoint (its pages dropped from the page cache first, and
+  again warm), next to the peer broadcast (the sync above). Shared memory needs room for two
+  snapshots per rank (the new one is written before the old one goes): 1.2 GB a rank at 50 M.
 """
 
 from __future__ import annotations
 
 import statistics
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from bench.items.collectives import loopback_Bps
@@ -42,28 +52,58 @@ def measure(ctx: Context) -> list[dict[str, Any]]:
     raise AssertionError("unreachable")
 
 
+def filesystem(path: str) -> str:
+    """The type and mount point of the file system ``path`` is on (from /proc/self/mounts), so
+    the report can say what the checkpoints were written to."""
+    resolved = str(Path(path).resolve())
+    best = ("?", "/")
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown file system"
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount, kind = fields[1], fields[2]
+        inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best[1]):
+            best = (kind, mount)
+    return f"{best[0]} at {best[1]}"
+
+
+def store_rounds(ctx: Context) -> int:
+    """Rounds of the snapshot, checkpoint and restore timings per model."""
+    return int(ctx.pick(1, 3))
+
+
 def _one_job(ctx: Context) -> list[dict[str, Any]]:
     """One job that measures every model in turn (one TensorFlow start for all of them)."""
-    with ElasticRunJob(
-        ctx.endpoints,
-        ctx.job_id("state"),
-        flags=(
-            "--workers",
-            "2",
-            "--min-workers",
-            "2",
-            "--max-restarts",
-            "0",
-            "--wait-timeout",
-            "5",
-        ),
-        script=SCRIPT,
-        script_args=(
-            *("--params", ",".join(map(str, MODELS)), "--steps", str(ctx.pick(12, 30))),
-            *("--commit-every", str(COMMIT_EVERY), "--extra-commits", str(ctx.pick(2, 4))),
-            *("--extra-syncs", str(ctx.pick(1, 3))),
-        ),
-    ) as job:
+    # The system's temporary folder (on disk here; the report names its file system).
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-state-ckpt-", ignore_cleanup_errors=True) as root,
+        ElasticRunJob(
+            ctx.endpoints,
+            ctx.job_id("state"),
+            flags=(
+                "--workers",
+                "2",
+                "--min-workers",
+                "2",
+                "--max-restarts",
+                "0",
+                "--wait-timeout",
+                "5",
+            ),
+            script=SCRIPT,
+            script_args=(
+                *("--params", ",".join(map(str, MODELS)), "--steps", str(ctx.pick(12, 30))),
+                *("--commit-every", str(COMMIT_EVERY), "--extra-commits", str(ctx.pick(2, 4))),
+                *("--extra-syncs", str(ctx.pick(1, 3))),
+                *("--store-rounds", str(store_rounds(ctx)), "--checkpoint-root", root),
+            ),
+        ) as job,
+    ):
         code = job.finish(timeout=900)
         summaries = [r.data for r in job.snapshot("summary")]
         syncs = [r.data for r in job.snapshot("sync")]
@@ -91,8 +131,13 @@ def run(ctx: Context) -> dict[str, Any]:
     for model in models:
         model["sync_bound_s"] = model["state_bytes"] / bound_Bps
     return {
-        "what": "elastic_allreduce.State at 2 ranks: commit cost and the state broadcast",
+        "what": (
+            "elastic_allreduce.State at 2 ranks: commit cost, the state broadcast, snapshots "
+            "and checkpoints"
+        ),
         "commit_every": COMMIT_EVERY,
+        "store_rounds": store_rounds(ctx),
+        "checkpoint_filesystem": filesystem(tempfile.gettempdir()),
         "loopback_Bps": bound_Bps,
         "models": models,
     }

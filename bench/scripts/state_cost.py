@@ -8,14 +8,28 @@ then commits --extra-commits more times with each part of a commit timed alone. 
   receives -- timed after a barrier; the first one for each model runs on a ring that has not
   moved that model's tensors yet (what a joiner sees), the others repeat it;
 * {"event": "summary", ...}: per model, step and commit times (medians), the parts of a commit
-  (the in-memory save, rank 0's progress report to etcd, the host-update check), state bytes.
+  (the in-memory save, rank 0's progress report to etcd, the host-update check), state bytes,
+  and the medians of --store-rounds rounds, each after a barrier, of what keeping the commit
+  outside the process costs: a commit with the slot's shared-memory snapshot off (the State's
+  snapshot writer detached for it) and on (the writer idle when it starts), the background
+  write of that snapshot (handed to the writer thread -> written; every rank writes its own
+  at once), ``CheckpointDir.write`` of the committed state to --checkpoint-root (a disk:
+  rank 0 alone, as in training), and rank 0 alone loading the commit back into the model with
+  ``state_snapshots.load_newest`` from the snapshot, and from the checkpoint with its files
+  first dropped from the page cache (cold) and again (warm). The broadcast a joiner receives
+  is the sync above. A figure that could not be taken is None, with why in "store_problems".
 """
 
 import argparse
 import gc
 import json
+import os
+import shutil
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -23,6 +37,8 @@ import tensorflow as tf
 from dense_workload import dense_model, train_step_fn
 
 import elastic_allreduce as ea
+from elastic_allreduce import env, state_snapshots
+from elastic_allreduce.checkpoint import CheckpointDir
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--params", default="1000000", help="model sizes, comma-separated")
@@ -31,47 +47,206 @@ parser.add_argument("--commit-every", type=int, default=10)
 parser.add_argument("--extra-commits", type=int, default=3)
 parser.add_argument("--extra-syncs", type=int, default=2)
 parser.add_argument("--batch", type=int, default=64)
+parser.add_argument(
+    "--store-rounds", type=int, default=2, help="rounds of the snapshot/checkpoint/restore timings"
+)
+parser.add_argument(
+    "--checkpoint-root", default=None, help="a folder on disk for the checkpoints (none: not timed)"
+)
 args = parser.parse_args()
+
+#: The longest one snapshot write may take (600 MB on a loaded machine takes seconds).
+SNAPSHOT_WAIT_S = 300.0
 
 ea.init()
 barrier_value = tf.constant(1.0)
 
 
-def emit(record):
+def emit(record: dict[str, Any]) -> None:
     if ea.rank() == 0:
         print(json.dumps(record), flush=True)
 
 
-def barrier():
+def barrier() -> None:
     hvd.allreduce(barrier_value, name="bench.barrier", op=hvd.Sum)
 
 
-def state_bytes(state):
+def state_bytes(state: ea.State) -> int:
     variables = [*state.model.variables, *state.optimizer.variables()]
     return int(sum(np.prod(v.shape) * v.dtype.size for v in variables))
 
 
-def timed(function):
+def timed(function: Callable[[], object]) -> float:
     barrier()
     start = time.perf_counter()
     function()
     return time.perf_counter() - start
 
 
+def timed_rank0(function: Callable[[], Any] | None) -> tuple[float | None, Any]:
+    """Seconds ``function`` takes on rank 0 alone after a barrier, and what it returned; the
+    other ranks go on to the next barrier. (None, None) on them."""
+    barrier()
+    if ea.rank() != 0:
+        return None, None
+    assert function is not None, "rank 0 times a function"
+    start = time.perf_counter()
+    result = function()
+    return time.perf_counter() - start, result
+
+
+def drop_cached(folder: Path) -> None:
+    """Evict the files under ``folder`` from the page cache (fsynced, so their pages are clean):
+    the next read comes from the disk, as for a process on another machine."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def checkpoint_writer(state: ea.State, checkpoints: CheckpointDir) -> Callable[[], Any]:
+    """A function writing ``state``'s last commit to ``checkpoints``, the arrays (views of the
+    committed copies) and the fingerprint taken beforehand: only ``CheckpointDir.write`` is
+    timed."""
+    commit_id, attributes = state.commit_id, dict(state._saved_state)
+    arrays = state_snapshots.committed_arrays(state)
+    if arrays is None:
+        raise RuntimeError(f"commit {commit_id} is incomplete: nothing to checkpoint")
+    fingerprint = state_snapshots.state_fingerprint(state)
+    return lambda: checkpoints.write(commit_id, arrays, attributes, fingerprint)
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+class TimedSnapshots(state_snapshots.SlotSnapshots):
+    """The slot's snapshots, noting when the last commit was handed to the writer thread."""
+
+    submitted_at: float | None = None
+
+    def submit(self, state: ea.State, commit_id: int, attributes: dict[str, Any]) -> None:
+        self.submitted_at = time.perf_counter()
+        super().submit(state, commit_id, attributes)
+
+
 class TimedState(ea.State):
-    def sync(self):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._snapshots is not None:
+            self._snapshots = TimedSnapshots(self._snapshots.folder)
+
+    def sync(self) -> None:
         seconds = timed(super().sync)
         emit({"event": "sync", "seconds": seconds, "bytes": state_bytes(self), "size": ea.size()})
 
 
-def measure(params):
+class StoreCosts:
+    """The figures of --store-rounds rounds for one state (see the module docstring): each
+    round commits twice (snapshot off, then on), writes a checkpoint and loads the commit back
+    from each source; every rank takes part in every barrier, rank 0 alone reports."""
+
+    RESTORES = ("snapshot", "checkpoint_cold", "checkpoint_warm")
+
+    def __init__(self, state: ea.State) -> None:
+        self.state = state
+        self.snapshots = state._snapshots
+        self.checkpoints = None
+        if args.checkpoint_root and ea.rank() == 0:
+            job_id = os.environ.get(env.JOB_ID)
+            self.checkpoints = CheckpointDir(args.checkpoint_root, job_id, keep=1)
+        names = ("commit_off", "commit_on", "snapshot_write", "checkpoint_write", *self.RESTORES)
+        self.times: dict[str, list[float]] = {name: [] for name in names}
+        self.problems: list[str] = []
+        if self.snapshots is None:
+            self.problems.append(f"no snapshot folder ({env.SNAPSHOT_DIR} unset): not timed")
+        if args.checkpoint_root is None:
+            self.problems.append("no --checkpoint-root: checkpoints not timed")
+
+    def run(self) -> dict[str, Any]:
+        """All rounds; the medians (None where nothing was timed) and the problems met."""
+        for _ in range(args.store_rounds):
+            self._commits()
+            if args.checkpoint_root is not None:
+                self._checkpoint()
+            if self.snapshots is not None:
+                self._restore(self.snapshots.folder, "snapshot")
+            if args.checkpoint_root is not None:
+                self._restore(self.checkpoints, "checkpoint_cold")
+                self._restore(self.checkpoints, "checkpoint_warm")
+        if self.checkpoints is not None:
+            shutil.rmtree(self.checkpoints.path, ignore_errors=True)  # its disk and page cache
+        medians = {name: median_or_none(values) for name, values in self.times.items()}
+        return {
+            "commit_snapshots_off_s": medians["commit_off"],
+            "commit_snapshots_on_s": medians["commit_on"],
+            "snapshot_write_s": medians["snapshot_write"],
+            "checkpoint_write_s": medians["checkpoint_write"],
+            "restore_s": {name: medians[name] for name in self.RESTORES},
+            "store_rounds": args.store_rounds,
+            "store_problems": self.problems,
+        }
+
+    def _commits(self) -> None:
+        """A commit with the snapshot writer detached, then one with it (idle at the start),
+        and that snapshot's write: from the hand-off to the writer thread until written."""
+        state, snapshots = self.state, self.snapshots
+        state.wait_for_snapshot(SNAPSHOT_WAIT_S)  # no write of an earlier commit still running
+        state._snapshots = None
+        try:
+            self.times["commit_off"].append(timed(state.commit))
+        finally:
+            state._snapshots = snapshots
+        if snapshots is None:
+            return
+        self.times["commit_on"].append(timed(state.commit))
+        written = state.wait_for_snapshot(SNAPSHOT_WAIT_S)
+        done = time.perf_counter()
+        newest = snapshots.folder.checkpoints()
+        if written and newest and newest[0].commit_id == state.commit_id:
+            self.times["snapshot_write"].append(done - snapshots.submitted_at)
+        else:
+            self.problems.append(f"the snapshot of commit {state.commit_id} was not written")
+
+    def _checkpoint(self) -> None:
+        """Rank 0 writes the last commit to the checkpoint folder, then drops it from the page
+        cache (for the cold read)."""
+        write = (
+            None if self.checkpoints is None else checkpoint_writer(self.state, self.checkpoints)
+        )
+        seconds, checkpoint = timed_rank0(write)
+        if seconds is None:
+            return
+        if checkpoint is None:
+            self.problems.append(f"the checkpoint of commit {self.state.commit_id} was skipped")
+        else:
+            self.times["checkpoint_write"].append(seconds)
+            drop_cached(checkpoint.path)
+
+    def _restore(self, source: CheckpointDir | None, name: str) -> None:
+        """Rank 0 loads the last commit from ``source`` into the model (and commits it)."""
+        state = self.state
+        seconds, resumed = timed_rank0(lambda: state_snapshots.load_newest(state, [source]))
+        if seconds is None:
+            return
+        if resumed is None or resumed[0].checkpoint.commit_id != state.commit_id:
+            self.problems.append(f"restore from {name}: commit {state.commit_id} not loaded")
+        else:
+            self.times[name].append(seconds)
+
+
+def measure(params: int) -> None:
     optimizer = tf.keras.optimizers.Adam(0.0001)
     model, features = dense_model(params, args.batch, ea.rank(), optimizer)
     train_step = train_step_fn(model, optimizer, features, ea.DistributedGradientTape)
 
     @ea.run
-    def train(state):
-        steps, commits = [], []
+    def train(state: TimedState) -> None:
+        steps: list[float] = []
+        commits: list[float] = []
         while state.step < args.steps:
             start = time.perf_counter()
             train_step()
@@ -81,7 +256,7 @@ def measure(params):
                 start = time.perf_counter()
                 state.commit()
                 commits.append(time.perf_counter() - start)
-        parts = {"save": [], "report": [], "check": []}
+        parts: dict[str, list[float]] = {"save": [], "report": [], "check": []}
         for _ in range(args.extra_commits):
             commits.append(timed(state.commit))
             parts["save"].append(timed(state.save))
@@ -90,6 +265,7 @@ def measure(params):
             parts["check"].append(timed(state.check_host_updates))
         for _ in range(args.extra_syncs):
             state.sync()
+        stored = StoreCosts(state).run()
         timed_steps = steps[2:] or steps  # the first steps trace the tf.function
         emit(
             {
@@ -104,6 +280,7 @@ def measure(params):
                 "commits": len(commits),
                 "steps": len(timed_steps),
                 "commit_every": args.commit_every,
+                **stored,
             }
         )
 
