@@ -172,6 +172,13 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cpu", default="1", help="CPU request per worker (default 1)")
     parser.add_argument("--memory", default="2Gi", help="memory per worker (default 2Gi)")
+    parser.add_argument(
+        "--shm-size",
+        metavar="SIZE",
+        help="the size limit of each worker pod's memory-backed /dev/shm (default: 1Gi per "
+        "GPU, at least 1Gi); the in-memory snapshots need two copies of the state per training "
+        "process there, and its pages count against the pod's memory limit",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--etcd",
@@ -344,6 +351,7 @@ def job_spec(args: argparse.Namespace) -> manifests.JobSpec:
         with_checkpoint_claim=args.with_checkpoint_claim,
         checkpoint_size=args.checkpoint_size,
         checkpoint_storage_class=args.checkpoint_storage_class,
+        shm_limit=args.shm_size,
         tensorboard_dir=args.tensorboard_dir,
         with_admission_policy=args.with_admission_policy,
         api_server_cidrs=tuple(args.api_server_cidr),

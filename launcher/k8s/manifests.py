@@ -304,6 +304,10 @@ class JobSpec:
     with_checkpoint_claim: bool = False
     checkpoint_size: str = DEFAULT_CHECKPOINT_SIZE
     checkpoint_storage_class: str | None = None
+    #: The sizeLimit of each worker's memory-backed /dev/shm (``--shm-size``); None:
+    #: :func:`shm_size` of the job's GPUs. The in-memory snapshots need room for two copies
+    #: of the state per training process there, NCCL and input pipelines some more.
+    shm_limit: str | None = None
     #: The launcher's ``--tensorboard-dir``: a folder inside ``--checkpoint-dir`` (on the claim,
     #: which every worker and then the launcher mount); None: no summaries.
     tensorboard_dir: str | None = None
@@ -367,6 +371,10 @@ class JobSpec:
             raise ConfigError(
                 f"invalid --checkpoint-size {self.checkpoint_size!r}: use a Kubernetes quantity "
                 "such as 10Gi"
+            )
+        if self.shm_limit is not None and not _QUANTITY.match(self.shm_limit):
+            raise ConfigError(
+                f"invalid --shm-size {self.shm_limit!r}: use a Kubernetes quantity such as 4Gi"
             )
         storage_class = self.checkpoint_storage_class
         if storage_class is not None and not _DNS_SUBDOMAIN.match(storage_class):
@@ -521,7 +529,10 @@ def worker_pod(spec: JobSpec) -> Manifest:
     # NCCL and TensorFlow need more shared memory than a container's default 64 MiB.
     mounts: list[Manifest] = [{"name": "dshm", "mountPath": "/dev/shm"}]  # noqa: S108
     volumes: list[Manifest] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(gpus)}}
+        {
+            "name": "dshm",
+            "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_limit or shm_size(gpus)},
+        }
     ]
     if spec.client_tls:
         variables += [{"name": name, "value": path} for _, name, path in _CLIENT_FILES]

@@ -192,6 +192,31 @@ def test_render_with_gpus_and_a_shared_etcd(capsys: pytest.CaptureFixture[str]) 
     assert args[args.index("--nproc-per-node") + 1] == "2"  # one process per GPU by default
 
 
+@pytest.mark.parametrize(
+    ("flags", "limit"),
+    [
+        (("--gpus-per-node", "2"), "2Gi"),
+        ((), "1Gi"),
+        (("--gpus-per-node", "2", "--shm-size", "12Gi"), "12Gi"),
+    ],
+    ids=["per-gpu", "cpu", "asked"],
+)
+def test_render_sizes_the_workers_shared_memory_by_gpus_or_as_asked(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], limit: str
+) -> None:
+    code, out, _ = run(capsys, "k8s", "render", "--image", IMAGE, *flags, *COMMAND)
+    assert code == 0
+    objects = [doc for doc in yaml.safe_load_all(out) if doc]
+    template = yaml.safe_load(
+        next(o for o in objects if o["kind"] == "ConfigMap")["data"][naming.TEMPLATE_KEY]
+    )
+    spec = template["spec"]
+    (shm,) = [v for v in spec["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": limit}
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "dshm"]
+    assert mount["mountPath"] == "/dev/shm"
+
+
 def test_render_runs_the_launcher_on_its_own_image(capsys: pytest.CaptureFixture[str]) -> None:
     # A GPU job's launcher needs no GPU: the CPU image spares a GPU image's pull (issue #20).
     flags = ("--image", "ea:1-gpu", "--gpus-per-node", "1", "--job-id", "g")
@@ -358,6 +383,7 @@ def test_render_without_a_job_id_makes_one_and_says_so(capsys: pytest.CaptureFix
         (["--with-checkpoint-claim"], "--with-checkpoint-claim creates the claim"),
         (["--checkpoint-dir", "/"], "invalid --checkpoint-dir '/'"),
         (["--checkpoint-dir", "/c", "--checkpoint-size", "lots"], "invalid --checkpoint-size"),
+        (["--shm-size", "8GB"], "invalid --shm-size '8GB'"),
         (
             ["--checkpoint-dir", "/c", "--checkpoint-claim", "No_Claim"],
             "invalid --checkpoint-claim",
