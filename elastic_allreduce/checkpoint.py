@@ -28,15 +28,9 @@ No TensorFlow here: arrays are NumPy arrays, attributes JSON values.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import logging
-import os
-import re
-import shutil
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,20 +43,38 @@ import numpy.typing as npt
 
 from elastic_allreduce import progress
 from elastic_allreduce.agreement import VariableSpec
+from elastic_allreduce.checkpoint_files import (
+    ARRAYS,
+    DEFAULT_JOB,
+    LATEST,
+    META,
+    STAGING_PREFIX,
+    Checkpoint,
+    CheckpointFolder,
+    Skipped,
+    _write_file,
+    fsync_dir,
+)
 from elastic_allreduce.errors import CheckpointError, ConfigError
-from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS
+
+__all__ = [
+    "ARRAYS",
+    "DEFAULT_JOB",
+    "FORMAT",
+    "LATEST",
+    "META",
+    "STAGING_PREFIX",
+    "Checkpoint",
+    "CheckpointDir",
+    "Loaded",
+    "fingerprint",
+    "fsync_dir",
+]
 
 log = logging.getLogger(__name__)
 
-#: The job folder's name when no job id is set (a script run by hand, outside elastic-run).
-DEFAULT_JOB: Final = "default"
 #: The version of the files' layout, in meta.json.
 FORMAT: Final = 1
-LATEST: Final = "LATEST"
-ARRAYS: Final = "arrays.npz"
-META: Final = "meta.json"
-STAGING_PREFIX: Final = ".staging-"
-_NAME = re.compile(r"^ckpt-(?P<sequence>\d{8,})-commit-(?P<commit>\d+)$")
 
 
 def fingerprint(variables: Iterable[VariableSpec], attribute_names: Iterable[str]) -> str:
@@ -78,15 +90,6 @@ def fingerprint(variables: Iterable[VariableSpec], attribute_names: Iterable[str
 
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """One checkpoint folder of a job; ``sequence`` orders them (higher: written later)."""
-
-    path: Path
-    sequence: int
-    commit_id: int
-
-
-@dataclass(frozen=True)
 class Loaded:
     """A checkpoint read back whole."""
 
@@ -95,61 +98,16 @@ class Loaded:
     attributes: dict[str, Any]
 
 
-class CheckpointDir:
-    """The checkpoint folder ``<root>/<job-id>/`` of one job (see the module docstring).
+class CheckpointDir(CheckpointFolder):
+    """The checkpoint folder ``<root>/<job-id>/`` of one job's state (see the module
+    docstring): :class:`CheckpointFolder` plus the arrays and attributes of a state.
 
     Only one process may write at a time (rank 0 of the ring); any process may load. Nothing
     here raises an OSError: writes that fail are skipped with a warning and loads skip the
     checkpoints they cannot read.
     """
 
-    def __init__(
-        self, root: str | os.PathLike[str], job_id: str | None, keep: int = DEFAULT_KEEP_CHECKPOINTS
-    ) -> None:
-        if keep < 1:
-            raise ConfigError(f"keep_checkpoints must be at least 1, got {keep}")
-        self.root = Path(root)
-        self.job_id = job_id or DEFAULT_JOB
-        self.path = self.root / self.job_id
-        self.keep = keep
-        #: What one is called in warnings, and what to do when the device is full.
-        self.kind = "checkpoint"
-        self.full_hint = "free some, or lower --keep-checkpoints"
-
-    @classmethod
-    def at(
-        cls,
-        folder: str | os.PathLike[str],
-        job_id: str | None,
-        keep: int,
-        *,
-        kind: str,
-        full_hint: str,
-    ) -> CheckpointDir:
-        """The same machinery in ``folder`` itself (not ``<folder>/<job-id>``), for folders that
-        are the job's already (a slot's snapshot folder); the job id is still checked."""
-        checkpoints = cls(folder, job_id, keep)
-        checkpoints.path = Path(folder)
-        checkpoints.kind = kind
-        checkpoints.full_hint = full_hint
-        return checkpoints
-
     # -- reading ---------------------------------------------------------------------------
-
-    def checkpoints(self) -> list[Checkpoint]:
-        """This job's checkpoint folders, newest first (none if the folder is unreadable)."""
-        found = []
-        try:
-            entries = list(os.scandir(self.path))
-        except OSError:
-            return []
-        for entry in entries:
-            match = _NAME.match(entry.name)
-            if match and entry.is_dir(follow_symlinks=False):
-                found.append(
-                    Checkpoint(Path(entry.path), int(match["sequence"]), int(match["commit"]))
-                )
-        return sorted(found, key=lambda c: c.sequence, reverse=True)
 
     def load(self, expected_fingerprint: str) -> Loaded | None:
         """The newest usable checkpoint, or None. Each one skipped is logged with the reason
@@ -221,50 +179,6 @@ class CheckpointDir:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def prepare(self) -> bool:
-        """Before the first write (a new rank 0): create the job folder and remove staging
-        leftovers of writers that crashed. False, with a warning, if the folder is not
-        writable (each write will then be skipped with a warning of its own)."""
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            probe = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
-            try:
-                self.clean_staging(keep=probe)
-            finally:
-                shutil.rmtree(probe, ignore_errors=True)
-        except OSError as exc:
-            log.warning(
-                "the checkpoint folder %s is not writable (%s): checkpoints will be skipped "
-                "until it is",
-                self.path,
-                _reason(exc),
-            )
-            return False
-        return True
-
-    def clean_staging(self, keep: Path) -> list[Path]:
-        """Remove the staging folders older than ``keep`` (this writer's own): leftovers of
-        writers that crashed. A younger one is left alone. Returns what was removed."""
-        try:
-            reference = keep.stat().st_mtime_ns
-            entries = list(os.scandir(self.path))
-        except OSError:
-            return []
-        removed = []
-        for entry in entries:
-            if not entry.name.startswith(STAGING_PREFIX) or entry.path == str(keep):
-                continue
-            try:
-                if entry.stat(follow_symlinks=False).st_mtime_ns >= reference:
-                    continue
-            except OSError:
-                continue
-            _remove(Path(entry.path))
-            removed.append(Path(entry.path))
-        if removed:
-            log.info("removed %d staging leftover(s) in %s", len(removed), self.path)
-        return removed
-
     def write(
         self,
         commit_id: int,
@@ -273,7 +187,8 @@ class CheckpointDir:
         state_fingerprint: str,
     ) -> Checkpoint | None:
         """Write one checkpoint durably, then keep only the newest K. Returns it, or None when
-        it was skipped (any OSError: a warning says why; the staging folder is removed).
+        it was skipped (any OSError: a warning says why; the staging folder is removed; a
+        checkpoint's skip is also counted in the process's progress report).
 
         Raises ConfigError (before touching the disk) if the attributes are not JSON values.
         """
@@ -293,86 +208,17 @@ class CheckpointDir:
                 f"cannot checkpoint the state's attributes {sorted(attributes)}: {exc}; "
                 "keep them JSON values (numbers, strings, lists, dicts)"
             ) from exc
-        staging: Path | None = None
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
-            self.clean_staging(keep=staging)
+
+        def fill(staging: Path) -> None:
             meta["arrays_bytes"] = _write_file(staging / ARRAYS, lambda f: _save_arrays(f, arrays))
             _write_file(staging / META, lambda f: f.write(json.dumps(meta).encode()))
-            fsync_dir(staging)
-            sequence = max((c.sequence for c in self.checkpoints()), default=0) + 1
-            final = self.path / f"ckpt-{sequence:08d}-commit-{commit_id:09d}"
-            os.rename(staging, final)
-            staging = None
-            fsync_dir(self.path)
-        except OSError as exc:
-            if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-            reason = _reason(exc, self.full_hint)
-            log.warning(
-                "skipped the %s of commit %d in %s: %s; training goes on, the previous "
-                "%ss are kept",
-                self.kind,
-                commit_id,
-                self.path,
-                reason,
-                self.kind,
-            )
+
+        written = self.write_staged(commit_id, fill)
+        if isinstance(written, Skipped):
             if self.kind == "checkpoint":
-                progress.report_checkpoint_skipped(f"commit {commit_id} in {self.path}: {reason}")
+                progress.report_checkpoint_skipped(written.reason)
             return None
-        written = Checkpoint(final, sequence, commit_id)
-        try:
-            self._point_to(final.name)
-        except OSError as exc:
-            log.warning(
-                "checkpoint %s is written but %s could not be updated: %s (loading does not "
-                "need it)",
-                final,
-                LATEST,
-                _reason(exc),
-            )
-        self.prune()
         return written
-
-    def _point_to(self, name: str) -> None:
-        """Make ``LATEST`` name ``name``, atomically and durably."""
-        temporary = self.path / f"{STAGING_PREFIX}{LATEST}"
-        try:
-            _write_file(temporary, lambda f: f.write(f"{name}\n".encode()), exclusive=False)
-            os.replace(temporary, self.path / LATEST)
-        except OSError:
-            with contextlib.suppress(OSError):
-                temporary.unlink()
-            raise
-        fsync_dir(self.path)
-
-    def prune(self) -> list[Path]:
-        """Delete all but the newest ``keep`` checkpoints of this job; returns what went."""
-        removed = []
-        for old in self.checkpoints()[self.keep :]:
-            _remove(old.path)
-            removed.append(old.path)
-        return removed
-
-
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (a rename, a new file) to disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, write: Callable[[IO[bytes]], object], *, exclusive: bool = True) -> int:
-    """Create ``path``, fill it with ``write``, fsync it; returns its size in bytes."""
-    with open(path, "xb" if exclusive else "wb") as file:
-        write(file)
-        file.flush()
-        os.fsync(file.fileno())
-        return file.tell()
 
 
 def _save_arrays(file: IO[bytes], arrays: Sequence[npt.ArrayLike]) -> None:
@@ -383,21 +229,3 @@ def _save_arrays(file: IO[bytes], arrays: Sequence[npt.ArrayLike]) -> None:
         for index, value in enumerate(arrays):
             with archive.open(f"a{index}.npy", "w", force_zip64=True) as member:
                 write_array(member, np.asanyarray(value), allow_pickle=False)
-
-
-def _remove(path: Path) -> None:
-    """Delete a folder (or file) of this job; a failure is logged, not raised."""
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    except OSError as exc:
-        log.warning("could not delete %s: %s", path, _reason(exc))
-
-
-def _reason(exc: OSError, full_hint: str = "free some, or lower --keep-checkpoints") -> str:
-    """An OSError as a reason, with what to do about a full disk."""
-    if exc.errno == errno.ENOSPC:
-        return f"no space left on the device ({exc}); {full_hint}"
-    return str(exc)

@@ -89,6 +89,10 @@ KEEP_CHECKPOINTS: Final = "ELASTIC_ALLREDUCE_KEEP_CHECKPOINTS"
 #: This slot's snapshot folder in shared memory (set by the agent; unset: no snapshots):
 #: elastic_allreduce.State writes each commit there and loads it on start (shm_snapshot).
 SNAPSHOT_DIR: Final = "ELASTIC_ALLREDUCE_SNAPSHOT_DIR"
+#: The file descriptor of this process's end of its agent's persistence channel (set by the
+#: agent when the job has a checkpoint folder): rank 0 asks the agent to persist a snapshot
+#: into the checkpoint folder instead of writing the checkpoint itself (persistence).
+PERSIST_FD: Final = "ELASTIC_ALLREDUCE_PERSIST_FD"
 #: Where an agent creates its slots' snapshot folders (default /dev/shm/elastic-allreduce-<uid>;
 #: "off": none).
 SNAPSHOT_ROOT: Final = "ELASTIC_ALLREDUCE_SNAPSHOT_ROOT"

@@ -32,6 +32,12 @@
    is newer than what the ring has, and an older one never overwrites the survivors'.
    ``state.wait_for_snapshot(timeout)`` (added to the class) waits until the last commit is
    written.
+
+   With ``--checkpoint-dir``, rank 0's every CHECKPOINT_EVERY-th commit is also a checkpoint
+   in the job's folder, as ``elastic_allreduce.State`` writes them: the agent copies the
+   commit's snapshot there (:mod:`elastic_allreduce.persistence`), or, without snapshots, a
+   thread of the process writes it; the first sync also considers the newest checkpoint. (No
+   last-commit write on SIGTERM, unlike ``elastic_allreduce.State``.)
 2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
    ``hvd.elastic.run`` calls after each reset; it binds it when the script decorates its
    training function): a process whose slot the launcher has already left out of the next ring
@@ -62,6 +68,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -72,7 +79,9 @@ from horovod.common.basics import HorovodBasics
 from horovod.tensorflow.functions import broadcast_variables
 
 from elastic_allreduce import elastic_run, gpu, progress, runtime, state_snapshots, sync
+from elastic_allreduce.checkpoint import CheckpointDir
 from elastic_allreduce.errors import ElasticAllreduceError
+from elastic_allreduce.persistence import AgentLink
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.values import NOT_ADMITTED_EXIT_CODE, MemberRecord, Ring
@@ -93,6 +102,12 @@ _PATCHED: Final = "_elastic_allreduce_patched"
 _COMMIT_ID: Final = "_elastic_allreduce_commit_id"
 _SNAPSHOTS: Final = "_elastic_allreduce_snapshots"
 _SYNCED: Final = "_elastic_allreduce_synced"
+#: And, with --checkpoint-dir, its checkpoint folder and rank 0's persister.
+_CHECKPOINTS: Final = "_elastic_allreduce_checkpoints"
+_PERSISTER: Final = "_elastic_allreduce_persister"
+#: A Horovod state's checkpoint is every this many commits (its scripts pick when to commit;
+#: ``elastic_allreduce.State`` takes ``checkpoint_every``).
+CHECKPOINT_EVERY: Final = 10
 
 
 def install(store: Store, gloo: GlooSockets | None = None) -> None:
@@ -150,8 +165,17 @@ def _commit(self: Any) -> None:  # noqa: ANN401
     commit_id = _commit_id(self) + 1
     setattr(self, _COMMIT_ID, commit_id)
     snapshots = _snapshots(self)
+    persister = (
+        _persister(self)
+        if refusal is None and hvd.rank() == 0 and commit_id % CHECKPOINT_EVERY == 0
+        else None
+    )
     if refusal is None and snapshots is not None:
-        snapshots.submit(self, commit_id, dict(self._saved_state))
+        snapshots.submit(self, commit_id, dict(self._saved_state), persister)
+    elif persister is not None:
+        arrays = state_snapshots.committed_arrays(self)
+        if arrays is not None:
+            persister.submit((commit_id, arrays, dict(self._saved_state)), from_snapshot=False)
     sync.check_host_updates(self, refusal)
 
 
@@ -179,13 +203,41 @@ def _snapshots(state: Any) -> state_snapshots.SlotSnapshots | None:  # noqa: ANN
     return found
 
 
+def _checkpoints(state: Any) -> CheckpointDir | None:  # noqa: ANN401
+    """The job's checkpoint folder (made at the first call), or None without --checkpoint-dir."""
+    if not hasattr(state, _CHECKPOINTS):
+        setattr(state, _CHECKPOINTS, state_snapshots.job_checkpoints())
+    found: CheckpointDir | None = getattr(state, _CHECKPOINTS)
+    return found
+
+
+def _persister(state: Any) -> state_snapshots.CheckpointPersister | None:  # noqa: ANN401
+    """Rank 0's persister of checkpoints (made at the first call), or None without a
+    checkpoint folder."""
+    if not hasattr(state, _PERSISTER):
+        checkpoints = _checkpoints(state)
+        persister = None
+        if checkpoints is not None:
+            checkpoints.prepare()
+            persister = state_snapshots.CheckpointPersister(
+                checkpoints,
+                AgentLink.from_env(),
+                state_snapshots.state_fingerprint(state),
+                threading.RLock(),
+                lambda commit_id: None,
+            )
+        setattr(state, _PERSISTER, persister)
+    found: state_snapshots.CheckpointPersister | None = getattr(state, _PERSISTER)
+    return found
+
+
 def _load_snapshot(state: Any) -> None:  # noqa: ANN401
-    """Make the state this slot's snapshot, when there is a usable one (the sync that follows
-    decides, by commit id, whether it or a peer's state wins)."""
+    """Make the state the newest usable commit of this slot's snapshot and the job's
+    checkpoints, when there is one (the sync that follows decides, by commit id, whether it or
+    a peer's state wins)."""
     snapshots = _snapshots(state)
-    if snapshots is None:
-        return
-    resumed = state_snapshots.load_newest(state, (snapshots.folder,))
+    sources = (None if snapshots is None else snapshots.folder, _checkpoints(state))
+    resumed = state_snapshots.load_newest(state, sources)
     if resumed is not None:
         setattr(state, _COMMIT_ID, resumed[0].checkpoint.commit_id)
 

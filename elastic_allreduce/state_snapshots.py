@@ -18,19 +18,26 @@ and must not import NumPy) and :mod:`elastic_allreduce.checkpoint` (no TensorFlo
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from elastic_allreduce import env, shm_snapshot, sync
+from elastic_allreduce import env, progress, shm_snapshot, sync
 from elastic_allreduce.checkpoint import CheckpointDir, Loaded, fingerprint
+from elastic_allreduce.errors import ConfigError, ProtocolError
+from elastic_allreduce.persistence import AgentLink
+from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS
 
 log = logging.getLogger(__name__)
+
+#: Seconds a process that exits waits for its last snapshot and checkpoint to be written.
+EXIT_WAIT: Final = 60.0
 
 
 def slot_folder() -> CheckpointDir | None:
@@ -42,6 +49,35 @@ def slot_folder() -> CheckpointDir | None:
     return CheckpointDir.at(
         folder, os.environ.get(env.JOB_ID), 1, kind="snapshot", full_hint=shm_snapshot.RAISE_HINT
     )
+
+
+def keep_checkpoints(given: int | None = None) -> int:
+    """``given``, else the agent's ``--keep-checkpoints``, else the default (2)."""
+    if given is not None:
+        if given < 1:
+            raise ConfigError(f"keep_checkpoints must be at least 1, got {given}")
+        return given
+    raw = os.environ.get(env.KEEP_CHECKPOINTS)
+    if not raw:
+        return DEFAULT_KEEP_CHECKPOINTS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"{env.KEEP_CHECKPOINTS}={raw!r}: give a whole number of checkpoints, at least 1 "
+            "(--keep-checkpoints)"
+        )
+    return value
+
+
+def job_checkpoints() -> CheckpointDir | None:
+    """The job's checkpoint folder (``--checkpoint-dir``, passed down by the agent), or None."""
+    directory = os.environ.get(env.CHECKPOINT_DIR)
+    if not directory:
+        return None
+    return CheckpointDir(directory, os.environ.get(env.JOB_ID), keep_checkpoints())
 
 
 # -- a Keras state's shape and commit ----------------------------------------------------------
@@ -139,15 +175,23 @@ class SlotSnapshots:
         shared memory). The folder is this slot's, written by this process only."""
         self.folder.prepare()
 
-    def submit(self, state: Any, commit_id: int, attributes: dict[str, Any]) -> None:  # noqa: ANN401
+    def submit(
+        self,
+        state: Any,  # noqa: ANN401
+        commit_id: int,
+        attributes: dict[str, Any],
+        checkpoint: CheckpointPersister | None = None,
+    ) -> None:
         """Write ``state``'s last commit soon; one not yet written when the next comes is
-        skipped. ``attributes`` are the committed ones, plain data."""
+        skipped. ``attributes`` are the committed ones, plain data. With ``checkpoint``, the
+        commit is also persisted to the checkpoint folder once its snapshot is written (a
+        newer commit's if this one is skipped)."""
         arrays = committed_arrays(state)
         if arrays is None:
             return  # cannot happen after build_optimizer
         if self._writer is None:
             self._writer = SnapshotWriter(self.folder, state_fingerprint(state))
-        self._writer.submit(commit_id, arrays, attributes)
+        self._writer.submit(commit_id, arrays, attributes, checkpoint)
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until the last commit submitted is written (or
@@ -155,29 +199,36 @@ class SlotSnapshots:
         return self._writer is None or self._writer.flush(timeout)
 
 
-class SnapshotWriter:
-    """Writes the newest submitted commit to a slot's snapshot folder from one daemon thread;
-    :meth:`submit` never waits for a write. A snapshot that would not fit in shared memory is
-    skipped (warned about once per process), as is a failed write (the folder never raises)."""
+_Commit = tuple[int, list[npt.NDArray[Any]], dict[str, Any]]
+_Item = TypeVar("_Item")
 
-    def __init__(self, snapshots: CheckpointDir, state_fingerprint: str) -> None:
-        self._snapshots = snapshots
-        self._fingerprint = state_fingerprint
-        self._warned = False
+
+class _NewestFirst(Generic[_Item]):
+    """One daemon thread that handles the newest item offered: an item offered while another
+    is handled waits, and a newer one replaces it (:meth:`_merge` says how). :meth:`_offer`
+    never waits for the handling; :meth:`flush` does."""
+
+    def __init__(self) -> None:
         self._wake = threading.Condition()
-        self._pending: tuple[int, list[npt.NDArray[Any]], dict[str, Any]] | None = None
+        self._pending: _Item | None = None
         self._busy = False
-        threading.Thread(target=self._run, name="snapshot-writer", daemon=True).start()
 
-    def submit(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
-        """Write this commit soon (replacing one not written yet)."""
+    def _start(self, name: str) -> None:
+        """Start the thread: the last step of a subclass's ``__init__``."""
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _offer(self, item: _Item) -> None:
         with self._wake:
-            self._pending = (commit_id, arrays, attrs)
+            self._pending = item if self._pending is None else self._merge(self._pending, item)
             self._wake.notify()
 
+    def _merge(self, waiting: _Item, newer: _Item) -> _Item:
+        """What replaces ``waiting`` when ``newer`` comes before it was handled."""
+        return newer
+
     def flush(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until the last submitted commit is written (or
-        skipped); whether it was."""
+        """Wait up to ``timeout`` seconds until the last item offered is handled; whether it
+        was."""
         with self._wake:
             return self._wake.wait_for(lambda: self._pending is None and not self._busy, timeout)
 
@@ -185,16 +236,69 @@ class SnapshotWriter:
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._pending is not None)
-                assert self._pending is not None
-                (commit_id, arrays, attrs), self._pending, self._busy = self._pending, None, True
+                item, self._pending, self._busy = self._pending, None, True
             try:
-                self._write(commit_id, arrays, attrs)
+                assert item is not None
+                self._handle(item)
             finally:
                 with self._wake:
                     self._busy = False
                     self._wake.notify_all()
 
-    def _write(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
+    def _handle(self, item: _Item) -> None:
+        raise NotImplementedError
+
+
+class SnapshotWriter(_NewestFirst[tuple[_Commit, "CheckpointPersister | None"]]):
+    """Writes the newest submitted commit to a slot's snapshot folder from one daemon thread;
+    :meth:`submit` never waits for a write. A snapshot that would not fit in shared memory is
+    skipped (warned about once per process), as is a failed write (the folder never raises).
+    A commit to checkpoint is handed to its :class:`CheckpointPersister` after its snapshot."""
+
+    def __init__(self, snapshots: CheckpointDir, state_fingerprint: str) -> None:
+        super().__init__()
+        self._snapshots = snapshots
+        self._fingerprint = state_fingerprint
+        self._warned = False
+        #: The persister of the last checkpoint handed on (flushed too at exit).
+        self._handed_to: CheckpointPersister | None = None
+        self._start("snapshot-writer")
+        atexit.register(self._flush_at_exit)
+
+    def _flush_at_exit(self) -> None:
+        """The script ended: the last commit's snapshot, then its checkpoint, before the
+        daemon threads go."""
+        self.flush(EXIT_WAIT)
+        if self._handed_to is not None:
+            self._handed_to.flush(EXIT_WAIT)
+
+    def submit(
+        self,
+        commit_id: int,
+        arrays: list[npt.NDArray[Any]],
+        attrs: dict[str, Any],
+        checkpoint: CheckpointPersister | None = None,
+    ) -> None:
+        """Write this commit soon (replacing one not written yet, whose checkpoint, if it was
+        to have one, this one then carries)."""
+        self._offer(((commit_id, arrays, attrs), checkpoint))
+
+    def _merge(
+        self,
+        waiting: tuple[_Commit, CheckpointPersister | None],
+        newer: tuple[_Commit, CheckpointPersister | None],
+    ) -> tuple[_Commit, CheckpointPersister | None]:
+        return newer if newer[1] is not None else (newer[0], waiting[1])
+
+    def _handle(self, item: tuple[_Commit, CheckpointPersister | None]) -> None:
+        commit, checkpoint = item
+        written = self._write(*commit)
+        if checkpoint is not None:
+            self._handed_to = checkpoint
+            checkpoint.submit(commit, from_snapshot=written)
+
+    def _write(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> bool:
+        """Write one snapshot; whether it was written."""
         snapshots = self._snapshots
         needed = sum(a.nbytes for a in arrays)
         if not shm_snapshot.fits(needed, snapshots.path):
@@ -210,5 +314,73 @@ class SnapshotWriter:
                     snapshots.path,
                     shm_snapshot.RAISE_HINT,
                 )
-            return
-        snapshots.write(commit_id, arrays, attrs, self._fingerprint)
+            return False
+        return snapshots.write(commit_id, arrays, attrs, self._fingerprint) is not None
+
+
+class CheckpointPersister(_NewestFirst[tuple[_Commit, bool]]):
+    """Rank 0's checkpoints off the critical path, from one daemon thread, newest first: a
+    commit whose snapshot is written is persisted by the agent from it (over the
+    :class:`AgentLink`, :mod:`elastic_allreduce.persistence`); without an agent that does (none,
+    it declined, it is gone, or the snapshot was skipped) the thread writes the checkpoint
+    itself from the commit's arrays. ``on_persisted(commit_id)`` is called with each commit
+    that reached the checkpoint folder. Writes of the thread hold ``lock``, which the state's
+    own writes (on SIGTERM) hold too."""
+
+    def __init__(
+        self,
+        checkpoints: CheckpointDir,
+        link: AgentLink | None,
+        state_fingerprint: str,
+        lock: threading.RLock,
+        on_persisted: Callable[[int], None],
+    ) -> None:
+        super().__init__()
+        self._checkpoints = checkpoints
+        self._link = link
+        self._fingerprint = state_fingerprint
+        self._lock = lock
+        self._on_persisted = on_persisted
+        self._start("checkpoint-persister")
+        atexit.register(self.flush, EXIT_WAIT)
+
+    def submit(self, commit: _Commit, *, from_snapshot: bool) -> None:
+        """Persist this commit soon (replacing one not persisted yet); ``from_snapshot``:
+        its snapshot was written, so the agent can copy it."""
+        self._offer((commit, from_snapshot))
+
+    def _handle(self, item: tuple[_Commit, bool]) -> None:
+        commit, from_snapshot = item
+        if not (from_snapshot and self._by_agent(commit[0])):
+            self._write(*commit)
+
+    def _by_agent(self, commit_id: int) -> bool:
+        """Ask the agent; whether it took care of the commit (persisted it, or tried and
+        failed: a skipped checkpoint, which its log says, counted here)."""
+        if self._link is None:
+            return False
+        try:
+            reply = self._link.persist(commit_id)
+        except ProtocolError as exc:
+            log.warning("writing the checkpoint of commit %d here: %s", commit_id, exc)
+            return False
+        if reply is None:
+            log.warning(
+                "writing the checkpoint of commit %d here: the agent did not answer", commit_id
+            )
+            self._link = None
+            return False
+        if reply.persisted is not None:
+            with self._lock:
+                self._on_persisted(reply.persisted)
+            return True
+        if reply.skipped is not None:
+            progress.report_checkpoint_skipped(f"the agent's copy of {reply.skipped}")
+            return True
+        log.info("writing the checkpoint of commit %d here: %s", commit_id, reply.declined)
+        return False
+
+    def _write(self, commit_id: int, arrays: list[npt.NDArray[Any]], attrs: dict[str, Any]) -> None:
+        with self._lock:
+            if self._checkpoints.write(commit_id, arrays, attrs, self._fingerprint) is not None:
+                self._on_persisted(commit_id)

@@ -24,7 +24,10 @@ its optimizer and any extra attributes) with four additions:
   shared memory, which the node's agent owns (:mod:`elastic_allreduce.shm_snapshot`), and a new
   State loads the newer (by commit id) of that snapshot and the newest checkpoint: a process
   restarted on its node, or a ring that died while its agents lived, resumes from its last
-  commit in memory, with or without ``--checkpoint-dir``.
+  commit in memory, with or without ``--checkpoint-dir``. There rank 0's checkpoints leave the
+  commit: once a checkpoint's snapshot is written, the node's agent copies it into the
+  checkpoint folder (:mod:`elastic_allreduce.persistence`), or, without an agent that does, a
+  thread of the process writes it.
 
 ``run`` is Horovod's, except that a failed collective is never mistaken for the end of
 training (:mod:`elastic_allreduce.elastic_run`). Everything else is Horovod's: reset callbacks,
@@ -41,7 +44,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -81,12 +84,17 @@ from elastic_allreduce.data import (
     global_batch_for,
 )
 from elastic_allreduce.errors import ConfigError, StateValueError
+from elastic_allreduce.persistence import AgentLink
 from elastic_allreduce.records import keys
-from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, Progress
+from elastic_allreduce.records.values import Progress
 from elastic_allreduce.store.latest import LatestValueWriter
 from elastic_allreduce.sync import agree
 
 log = logging.getLogger(__name__)
+
+#: Seconds a SIGTERMed rank 0 waits for a checkpoint under way before it writes its last
+#: commit itself.
+SIGTERM_PERSIST_WAIT: Final = 10.0
 
 init = hvd.init
 shutdown = hvd.shutdown
@@ -391,13 +399,20 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         directory = checkpoint_dir or os.environ.get(env.CHECKPOINT_DIR)
         self._checkpoints = (
             CheckpointDir(
-                directory, os.environ.get(env.JOB_ID), _keep_checkpoints(keep_checkpoints)
+                directory,
+                os.environ.get(env.JOB_ID),
+                state_snapshots.keep_checkpoints(keep_checkpoints),
             )
             if directory
             else None
         )
         self._checkpoint_every = checkpoint_every
         self._snapshots = state_snapshots.SlotSnapshots.for_slot()
+        #: Rank 0's checkpoints off the critical path (made at its first checkpoint) when the
+        #: slot has snapshots: the agent persists them, or this process's thread writes them.
+        self._persister: state_snapshots.CheckpointPersister | None = None
+        #: Held by every checkpoint write of this process (the persister's, SIGTERM's).
+        self._checkpoint_lock = threading.RLock()
         self._reporter: LatestValueWriter | None = None
         attributes = plain.plain_attributes(kwargs)
         super().__init__(model, optimizer, commit_id=0, **attributes)
@@ -442,12 +457,23 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         if refusal is None:
             step = getattr(self, "step", None)
             progress.report_commit(step if isinstance(step, int) else None, self.commit_id)
+            checkpoint = (
+                hvd.rank() == 0
+                and self._checkpoints is not None
+                and self.commit_id % self._checkpoint_every == 0
+            )
             if self._snapshots is not None:
-                # Written on a thread of its own: a commit superseded before it is, is skipped.
-                self._snapshots.submit(self, self.commit_id, dict(self._saved_state))
+                # Written on a thread of its own: a commit superseded before it is, is skipped;
+                # a checkpoint is persisted from the snapshot afterwards, off the critical path.
+                self._snapshots.submit(
+                    self,
+                    self.commit_id,
+                    dict(self._saved_state),
+                    self._checkpoint_persister() if checkpoint else None,
+                )
             if hvd.rank() == 0:
                 self._report()
-                if self._checkpoints is not None and self.commit_id % self._checkpoint_every == 0:
+                if checkpoint and self._snapshots is None and self._checkpoints is not None:
                     with progress.phase("checkpoint"):
                         self._write_checkpoint(self._checkpoints)
             if self._summaries is not None:
@@ -549,8 +575,34 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         self._build_optimizer()
         arrays = [np.asarray(v.numpy()) for v in self._arrays()]
         commit_id = self.commit_id
-        if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
-            self._checkpointed = commit_id
+        with self._checkpoint_lock:
+            if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
+                self._checkpointed = commit_id
+
+    def _checkpoint_persister(self) -> state_snapshots.CheckpointPersister:
+        """Rank 0's persister of checkpoints (made at the first call)."""
+        if self._persister is None:
+            assert self._checkpoints is not None
+            self._persister = state_snapshots.CheckpointPersister(
+                self._checkpoints,
+                AgentLink.from_env(),
+                self._fingerprint(),
+                self._checkpoint_lock,
+                self._persisted,
+            )
+        return self._persister
+
+    def _persisted(self, commit_id: int) -> None:
+        """The persister's news: ``commit_id`` is in the checkpoint folder."""
+        self._checkpointed = max(self._checkpointed, commit_id)
+
+    def wait_for_checkpoint(self, timeout: float = 60.0) -> bool:
+        """Wait up to ``timeout`` seconds until the last checkpoint asked for is in the
+        checkpoint folder (persisted by the agent or written here, or skipped); whether it is.
+        True at once when checkpoints are written at the commit itself (no snapshots)."""
+        if not self.wait_for_snapshot(timeout):
+            return False
+        return self._persister is None or self._persister.flush(timeout)
 
     def wait_for_snapshot(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` seconds until the last commit is in this slot's snapshot
@@ -585,13 +637,20 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         commit_id = int(self._saved_state.get("commit_id", 0))
         if checkpoints is None or hvd.rank() != 0 or commit_id <= self._checkpointed:
             return
+        if self._persister is not None:
+            # A checkpoint persisted meanwhile (the agent finishes its copy before it sends
+            # SIGTERM): its answer may not have been read yet.
+            self._persister.flush(SIGTERM_PERSIST_WAIT)
         saved = [*self._saved_model_state, *self._saved_optimizer_state]
         if len(saved) != len(self._arrays()):
             return  # the optimizer has not stepped since the commit: nothing to write yet
-        log.warning("SIGTERM: writing the last commit (%d) before exiting", commit_id)
-        arrays = [np.asarray(value) for value in saved]
-        if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
-            self._checkpointed = commit_id
+        with self._checkpoint_lock:
+            if commit_id <= self._checkpointed:
+                return
+            log.warning("SIGTERM: writing the last commit (%d) before exiting", commit_id)
+            arrays = [np.asarray(value) for value in saved]
+            if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
+                self._checkpointed = commit_id
 
     def _load_newest(self) -> None:
         """Take the newest usable commit of this job: this slot's snapshot or the newest
@@ -611,27 +670,6 @@ def _no_pickles(obj: object, root_rank: int = 0) -> object:
         f"elastic_allreduce.State does not send Python objects between ranks (a "
         f"{type(obj).__name__} was about to be pickled); its attributes go as JSON"
     )
-
-
-def _keep_checkpoints(given: int | None) -> int:
-    """``keep_checkpoints``, else the agent's ``--keep-checkpoints``, else the default (2)."""
-    if given is not None:
-        if given < 1:
-            raise ConfigError(f"keep_checkpoints must be at least 1, got {given}")
-        return given
-    raw = os.environ.get(env.KEEP_CHECKPOINTS)
-    if not raw:
-        return DEFAULT_KEEP_CHECKPOINTS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(
-            f"{env.KEEP_CHECKPOINTS}={raw!r}: give a whole number of checkpoints, at least 1 "
-            "(--keep-checkpoints)"
-        )
-    return value
 
 
 __all__ = [

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +41,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import FrameType
 from typing import IO, Final
 
@@ -71,6 +73,7 @@ from elastic_allreduce.rendezvous.protocol import (
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.exit_codes import EXIT_LEADERLESS, exit_code
+from launcher.persister import SnapshotPersister
 from launcher.probes import ProbeListener, Prober
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,8 @@ LEAVING_OUTAGE_WAIT: Final = 5.0
 #: of ``ea.State`` writes its last commit to the checkpoint folder on SIGTERM (the Kubernetes
 #: worker's grace period is the leave timeout plus 30 s).
 LEAVE_STOP_GRACE: Final = 25.0
+#: Seconds a stopping agent waits for a checkpoint copy under way (launcher.persister).
+PERSIST_CLOSE_WAIT: Final = 30.0
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
 _STOPPED_STATES: Final = frozenset({"T", "t"})
 
@@ -222,6 +227,9 @@ class Agent:
         root = os.environ.get(env.SNAPSHOT_ROOT, shm_snapshot.DEFAULT_ROOT)
         self._snapshot_root = None if root in ("", shm_snapshot.OFF) else root
         self._snapshot_slots: set[str] = set()
+        #: Copies rank 0's snapshots into the checkpoint folder for it (with --checkpoint-dir
+        #: and snapshots); made when a process starts, closed whenever the processes stop.
+        self._persister: SnapshotPersister | None = None
         check_command(settings.command, settings.workdir)
 
     # -- entry point -------------------------------------------------------------------------
@@ -760,11 +768,16 @@ class Agent:
         if settings.tensorboard_dir:
             child_env[env.TENSORBOARD_DIR] = settings.tensorboard_dir
         child_env.pop(env.SNAPSHOT_DIR, None)
+        child_env.pop(env.PERSIST_FD, None)
+        link = None
         if self._snapshot_root is not None:
             folder = shm_snapshot.prepare_slot(self._snapshot_root, settings.job_id, slot)
             if folder is not None:
                 self._snapshot_slots.add(slot)
                 child_env[env.SNAPSHOT_DIR] = str(folder)
+                link = self._persist_link(slot, folder)
+        if link is not None:
+            child_env[env.PERSIST_FD] = str(link.fileno())
         command = [
             sys.executable,
             "-m",
@@ -780,7 +793,10 @@ class Agent:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl
+            pass_fds=() if link is None else (link.fileno(),),
         )
+        if link is not None:
+            link.close()  # the process has its copy
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         proc = _Process(index, incarnation, popen, tail, threading.Thread())
         proc.reader = threading.Thread(
@@ -789,6 +805,18 @@ class Agent:
         self._procs[index] = proc
         proc.reader.start()
         log.info("[%s] started incarnation %d (pid %d)", self._prefix(slot), incarnation, popen.pid)
+
+    def _persist_link(self, slot: str, folder: Path) -> socket.socket | None:
+        """The process's end of a new persistence channel, or None without a checkpoint
+        folder (:mod:`launcher.persister`)."""
+        settings = self.settings
+        if not settings.checkpoint_dir:
+            return None
+        if self._persister is None:
+            self._persister = SnapshotPersister(
+                settings.checkpoint_dir, settings.job_id, settings.keep_checkpoints
+            )
+        return self._persister.link(slot, folder)
 
     def _pump(self, proc: _Process, slot: str) -> None:
         stream: IO[bytes] | None = proc.popen.stdout
@@ -850,6 +878,17 @@ class Agent:
         )
 
     def _stop_all(self, grace: float) -> None:
+        if self._persister is not None:
+            # The copy under way ends first: rank 0 writes its last commit itself on SIGTERM,
+            # and a fenced node must not write one of a ring that moved on.
+            if not self._persister.close(PERSIST_CLOSE_WAIT):
+                log.warning(
+                    "[%s node %s] a checkpoint copy still runs after %.0f s; stopping anyway",
+                    self.settings.job_id,
+                    self.settings.node_id,
+                    PERSIST_CLOSE_WAIT,
+                )
+            self._persister = None
         for proc in list(self._procs.values()):
             if proc.popen.poll() is None:
                 proc.popen.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)

@@ -221,10 +221,11 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
-        help="where elastic_allreduce.State writes periodic checkpoints, under DIR/JOB-ID/ (the "
-        "job resumes from the newest usable one when every worker died; a failed write, such "
-        "as a full disk, is skipped with a warning); on Kubernetes an absolute path that every "
-        "worker pod mounts",
+        help="where periodic checkpoints of elastic_allreduce.State (and of Horovod's "
+        "TensorFlowKerasState) go, under DIR/JOB-ID/, written by the node's agent from the "
+        "commit's snapshot (the job resumes from the newest usable one when every worker died; "
+        "a failed write, such as a full disk, is skipped with a warning); on Kubernetes an "
+        "absolute path that every worker pod mounts",
     )
     group.add_argument(
         "--keep-checkpoints",

@@ -1,6 +1,7 @@
-"""A job whose checkpoint folder is on a full filesystem (issue #17, item 1): rank 0 skips each
-checkpoint it cannot write, training goes on to the end, and the skips are reported -- in the
-launcher's log and as CheckpointSkipped events."""
+"""A job whose checkpoint folder is on a full filesystem (issue #17, item 1): each checkpoint
+that cannot be written is skipped -- by rank 0, or by the agent that copies it from the
+snapshot -- training goes on to the end, and the skips are reported, in the launcher's log and
+as CheckpointSkipped events."""
 
 from __future__ import annotations
 
@@ -38,17 +39,20 @@ def full_filesystem(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
+@pytest.mark.parametrize("writer", ["rank-0", "agent"])
 def test_checkpoints_on_a_full_filesystem_are_skipped_reported_and_training_finishes(
-    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path, full_filesystem: Path
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path, full_filesystem: Path, writer: str
 ) -> None:
+    """Written by rank 0 in the commit (snapshots off) or by the agent from the snapshot."""
     events_file = tmp_path / "events.jsonl"
+    snapshot_root = "off" if writer == "rank-0" else str(tmp_path / "shm")
     job = start_job(
         etcd_server,
         *("--workers", "1", "--checkpoint-dir", str(full_filesystem)),
         *("--events-file", str(events_file)),
         script=EA_SCRIPT,
         script_args=TRAIN,
-        env={"ELASTIC_ALLREDUCE_SNAPSHOT_ROOT": "off"},
+        env={"ELASTIC_ALLREDUCE_SNAPSHOT_ROOT": snapshot_root},
     )
     jobs.append(job)
     assert job.finish() == 0, job.tail()
@@ -59,6 +63,7 @@ def test_checkpoints_on_a_full_filesystem_are_skipped_reported_and_training_fini
     announced = [line for line in job.lines if "could not write" in line and "slot" in line]
     assert announced, job.tail()
     assert "no space left on the device" in announced[0], announced[0]
+    assert ("the agent's copy" in announced[0]) == (writer == "agent"), announced[0]
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     skipped = [e for e in events if e["kind"] == "CheckpointSkipped"]
     assert skipped, [e["kind"] for e in events]

@@ -4,13 +4,19 @@ Horovod's own TensorFlowKerasState (a plain Horovod script) alike."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
 from elastic_allreduce import shm_snapshot
+from elastic_allreduce.checkpoint import CheckpointDir
+from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import EA_SCRIPT, HVD_SCRIPT, Job, start_job
 from tests.integration.test_elastic import (
@@ -122,3 +128,77 @@ def run_and_check_horovod(job: Job, folder: Path) -> None:
     for event in job.done():
         assert event.data["steps_run"] == STEPS - resumed[event.slot], (event.data, resumed)
     assert not folder.exists(), sorted(folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [(EA_SCRIPT, ("--checkpoint-every", "2")), (HVD_SCRIPT, ())],
+    ids=["ea-state", "horovod-state"],
+)
+def test_checkpoints_persisted_by_the_agents_bring_back_a_job_whose_nodes_all_died(
+    etcd_server: EmbeddedEtcd,
+    jobs: list[Job],
+    tmp_path: Path,
+    script: str,
+    args: tuple[str, ...],
+) -> None:
+    """With --checkpoint-dir and snapshots, rank 0 never writes a checkpoint itself: its agent
+    copies the snapshot of each checkpoint commit into the job's folder -- for an
+    ``elastic_allreduce.State`` and for a plain Horovod script's TensorFlowKerasState alike.
+    Both nodes SIGKILLed at once (agents and processes: their snapshots are lost with them):
+    the replacement nodes resume from the checkpoint an agent wrote, and the job finishes."""
+    checkpoints = tmp_path / "checkpoints"
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "4", "--checkpoint-dir", str(checkpoints)),
+        script=script,
+        script_args=(*TRAIN, *args),
+    )
+    jobs.append(job)
+    folder = Path(shm_snapshot.DEFAULT_ROOT) / job.job_id
+    try:
+        job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
+        job.wait_for(lambda: bool(persisted(job)), 60, "a checkpoint persisted by an agent")
+        slots = sorted({e.slot for e in job.commits(2)})
+        nodes = sorted({keys.split_slot(slot)[0] for slot in slots})
+        pids = [job.pid(keys.member(node)) for node in nodes]
+        pids += [job.pid(keys.proc(slot)) for slot in slots]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        killed_at = max(e.data["step"] for e in job.commits(2))
+        assert job.finish() == 0, job.tail()
+    finally:
+        # SIGKILLed agents cannot remove their slots' folders.
+        shutil.rmtree(folder, ignore_errors=True)
+    # The first ring of the replacements holds the checkpoint's step; a Horovod process that
+    # came up later joins that ring at a later step (as in run_and_check_horovod).
+    resumed = {
+        e.slot: e.data["step"]
+        for e in job.events
+        if e.data.get("event") == "resumed" and e.at > killed
+    }
+    assert len(resumed) == 2, job.tail()
+    assert 0 < min(resumed.values()) <= killed_at, (resumed, killed_at)
+    assert any("resumed from checkpoint" in line for line in job.lines), job.tail()
+    # Every checkpoint came from an agent's copy: rank 0 wrote none itself.
+    assert not [line for line in job.lines if "here:" in line and "checkpoint" in line]
+    assert not any("SIGTERM: writing the last commit" in line for line in job.lines)
+    stored = CheckpointDir(checkpoints, job.job_id).checkpoints()
+    assert len(stored) == 2, stored  # --keep-checkpoints' default
+    assert {c.commit_id for c in stored} <= {c for _, c in persisted(job)}, job.tail()
+    # The last commit (step 300: a checkpoint commit for both) was persisted before the
+    # process exited.
+    meta = json.loads((stored[0].path / "meta.json").read_text())
+    assert meta["attributes"]["step"] == STEPS, meta["attributes"]
+    assert_consistent_finish(job, 2, state_lost=True)
+
+
+def persisted(job: Job) -> list[tuple[str, int]]:
+    """(slot, commit) of every "persisted ... snapshot of commit N" line of an agent."""
+    found = []
+    for line in job.lines:
+        match = re.search(r"persisted slot (\S+)'s snapshot of commit (\d+)", line)
+        if match:
+            found.append((match[1], int(match[2])))
+    return found
