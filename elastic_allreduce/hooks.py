@@ -36,8 +36,9 @@
    With ``--checkpoint-dir``, rank 0's every CHECKPOINT_EVERY-th commit is also a checkpoint
    in the job's folder, as ``elastic_allreduce.State`` writes them: the agent copies the
    commit's snapshot there (:mod:`elastic_allreduce.persistence`), or, without snapshots, a
-   thread of the process writes it; the first sync also considers the newest checkpoint. (No
-   last-commit write on SIGTERM, unlike ``elastic_allreduce.State``.)
+   thread of the process writes it; the first sync also considers the newest checkpoint. On
+   SIGTERM rank 0 writes its last commit there when it is newer than the newest checkpoint
+   (after a copy under way), as ``elastic_allreduce.State`` does.
 2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
    ``hvd.elastic.run`` calls after each reset; it binds it when the script decorates its
    training function): a process whose slot the launcher has already left out of the next ring
@@ -102,9 +103,13 @@ _PATCHED: Final = "_elastic_allreduce_patched"
 _COMMIT_ID: Final = "_elastic_allreduce_commit_id"
 _SNAPSHOTS: Final = "_elastic_allreduce_snapshots"
 _SYNCED: Final = "_elastic_allreduce_synced"
-#: And, with --checkpoint-dir, its checkpoint folder and rank 0's persister.
+#: And, with --checkpoint-dir, its checkpoint folder, rank 0's persister, the newest commit
+#: in the folder (0: none), the lock every write to it holds, and whether SIGTERM saves.
 _CHECKPOINTS: Final = "_elastic_allreduce_checkpoints"
 _PERSISTER: Final = "_elastic_allreduce_persister"
+_CHECKPOINTED: Final = "_elastic_allreduce_checkpointed"
+_CHECKPOINT_LOCK: Final = "_elastic_allreduce_checkpoint_lock"
+_SAVES_ON_SIGTERM: Final = "_elastic_allreduce_saves_on_sigterm"
 #: A Horovod state's checkpoint is every this many commits (its scripts pick when to commit;
 #: ``elastic_allreduce.State`` takes ``checkpoint_every``).
 CHECKPOINT_EVERY: Final = 10
@@ -164,6 +169,10 @@ def _commit(self: Any) -> None:  # noqa: ANN401
     refusal = sync.plain_commit(self)
     commit_id = _commit_id(self) + 1
     setattr(self, _COMMIT_ID, commit_id)
+    if not hasattr(self, _SAVES_ON_SIGTERM) and _checkpoints(self) is not None:
+        _checkpoint_lock(self)  # made here, not in the signal handler
+        saves = state_snapshots.save_on_sigterm(lambda: _write_last_commit(self))
+        setattr(self, _SAVES_ON_SIGTERM, saves)
     snapshots = _snapshots(self)
     persister = (
         _persister(self)
@@ -223,12 +232,62 @@ def _persister(state: Any) -> state_snapshots.CheckpointPersister | None:  # noq
                 checkpoints,
                 AgentLink.from_env(),
                 state_snapshots.state_fingerprint(state),
-                threading.RLock(),
-                lambda commit_id: None,
+                _checkpoint_lock(state),
+                lambda commit_id: _note_checkpointed(state, commit_id),
             )
         setattr(state, _PERSISTER, persister)
     found: state_snapshots.CheckpointPersister | None = getattr(state, _PERSISTER)
     return found
+
+
+def _checkpoint_lock(state: Any) -> threading.RLock:  # noqa: ANN401
+    """The lock of every write to the state's checkpoint folder (made at the first call)."""
+    if not hasattr(state, _CHECKPOINT_LOCK):
+        setattr(state, _CHECKPOINT_LOCK, threading.RLock())
+    lock: threading.RLock = getattr(state, _CHECKPOINT_LOCK)
+    return lock
+
+
+def _checkpointed(state: Any) -> int:  # noqa: ANN401
+    """The newest commit in the state's checkpoint folder (0: none)."""
+    return int(getattr(state, _CHECKPOINTED, 0))
+
+
+def _note_checkpointed(state: Any, commit_id: int) -> None:  # noqa: ANN401
+    """``commit_id`` is in the checkpoint folder (persisted, written or loaded)."""
+    setattr(state, _CHECKPOINTED, max(_checkpointed(state), commit_id))
+
+
+def _write_last_commit(state: Any) -> None:  # noqa: ANN401
+    """SIGTERM on rank 0: the last commit (the saved copy, not the live variables, which may
+    be steps past it) to the checkpoint folder, unless it is there already."""
+    checkpoints = _checkpoints(state)
+    commit_id = _commit_id(state)
+    try:
+        rank = hvd.rank()
+    except ValueError:  # between a reset's shutdown and init: no rank to speak for
+        return
+    if checkpoints is None or rank != 0 or commit_id <= _checkpointed(state):
+        return
+    persister: state_snapshots.CheckpointPersister | None = getattr(state, _PERSISTER, None)
+    if persister is not None:
+        # A copy of the agent's under way ends before the agent sends SIGTERM; its answer may
+        # not have been read yet.
+        persister.flush(state_snapshots.SIGTERM_PERSIST_WAIT)
+    arrays = state_snapshots.committed_arrays(state)
+    if arrays is None:
+        return  # the optimizer has not stepped since the commit: nothing to write yet
+    with _checkpoint_lock(state):
+        if commit_id <= _checkpointed(state):
+            return
+        log.warning("SIGTERM: writing the last commit (%d) before exiting", commit_id)
+        attributes = dict(state._saved_state)
+        checkpoints.prepare()
+        written = checkpoints.write(
+            commit_id, arrays, attributes, state_snapshots.state_fingerprint(state)
+        )
+        if written is not None:
+            _note_checkpointed(state, commit_id)
 
 
 def _load_snapshot(state: Any) -> None:  # noqa: ANN401
@@ -240,6 +299,8 @@ def _load_snapshot(state: Any) -> None:  # noqa: ANN401
     resumed = state_snapshots.load_newest(state, sources)
     if resumed is not None:
         setattr(state, _COMMIT_ID, resumed[0].checkpoint.commit_id)
+        if resumed[1] is sources[1]:
+            _note_checkpointed(state, resumed[0].checkpoint.commit_id)
 
 
 def _check_host_updates(self: Any) -> None:  # noqa: ANN401

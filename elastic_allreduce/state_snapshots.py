@@ -21,8 +21,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import Any, Final, Generic, TypeVar
 
 import numpy as np
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a process that exits waits for its last snapshot and checkpoint to be written.
 EXIT_WAIT: Final = 60.0
+#: Seconds a SIGTERMed rank 0 waits for a checkpoint under way before it writes its last commit.
+SIGTERM_PERSIST_WAIT: Final = 10.0
 
 
 def slot_folder() -> CheckpointDir | None:
@@ -87,6 +91,29 @@ def state_fingerprint(state: Any) -> str:  # noqa: ANN401 - a Horovod TensorFlow
     """The state's shape as checkpoints and snapshots record it (checkpoint.fingerprint)."""
     described = sync.describe(state.model, state.optimizer, state._saved_state)
     return fingerprint((*described.model, *described.optimizer), described.extra_keys)
+
+
+def save_on_sigterm(write_last_commit: Callable[[], None]) -> bool:
+    """Call ``write_last_commit`` on SIGTERM (a node stopped before it could hand its state
+    on: the leave timeout, a failed job, a preempted pod's last seconds), then let SIGTERM do
+    what it did before: the previous handler, or death by SIGTERM. Whether it was installed
+    (only the main thread can set a signal handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        try:
+            write_last_commit()
+        finally:
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return True
 
 
 def live_variables(state: Any) -> list[Any]:  # noqa: ANN401

@@ -39,12 +39,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, Final, TypedDict
+from typing import Any, TypedDict
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -91,10 +89,6 @@ from elastic_allreduce.store.latest import LatestValueWriter
 from elastic_allreduce.sync import agree
 
 log = logging.getLogger(__name__)
-
-#: Seconds a SIGTERMed rank 0 waits for a checkpoint under way before it writes its last
-#: commit itself.
-SIGTERM_PERSIST_WAIT: Final = 10.0
 
 init = hvd.init
 shutdown = hvd.shutdown
@@ -429,7 +423,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             self._checkpoints.prepare()
         self._load_newest()
         if self._checkpoints is not None:
-            self._save_on_sigterm()
+            state_snapshots.save_on_sigterm(self._write_last_commit)
         self._on_resize = on_resize
         self._size = hvd.size()
         if on_resize is not None:
@@ -610,26 +604,6 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         snapshots (outside elastic-run)."""
         return self._snapshots is None or self._snapshots.wait(timeout)
 
-    def _save_on_sigterm(self) -> None:
-        """SIGTERM (a node stopped before it could hand its state on: the leave timeout, a
-        failed job, a preempted pod's last seconds) makes rank 0 write the last commit if it is
-        newer than the newest checkpoint, then die of SIGTERM as it would have."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        previous = signal.getsignal(signal.SIGTERM)
-
-        def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            try:
-                self._write_last_commit()
-            finally:
-                if callable(previous):
-                    previous(signum, frame)
-                else:
-                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                    os.kill(os.getpid(), signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
-
     def _write_last_commit(self) -> None:
         """Rank 0: the last commit (the saved copy, not the live variables, which may be steps
         past it) to the checkpoint folder, unless it is there already."""
@@ -640,7 +614,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         if self._persister is not None:
             # A checkpoint persisted meanwhile (the agent finishes its copy before it sends
             # SIGTERM): its answer may not have been read yet.
-            self._persister.flush(SIGTERM_PERSIST_WAIT)
+            self._persister.flush(state_snapshots.SIGTERM_PERSIST_WAIT)
         saved = [*self._saved_model_state, *self._saved_optimizer_state]
         if len(saved) != len(self._arrays()):
             return  # the optimizer has not stepped since the commit: nothing to write yet

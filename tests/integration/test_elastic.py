@@ -308,10 +308,11 @@ def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: s
 NO_SNAPSHOTS = {"ELASTIC_ALLREDUCE_SNAPSHOT_ROOT": "off"}
 
 
-def kill_every_rank_after_commits(job: Job) -> None:
-    """SIGKILL both training processes of a 2-worker job at once, after a dozen commits."""
-    job.wait_for(lambda: len(job.commits(2)) >= 12, 90, "commits at size 2")
-    slots = sorted({e.slot for e in job.commits(2)})
+def kill_every_rank_after_commits(job: Job, size: int = 2) -> None:
+    """SIGKILL every training process of a job of ``size`` workers at once, after a dozen
+    commits."""
+    job.wait_for(lambda: len(job.commits(size)) >= 12, 90, f"commits at size {size}")
+    slots = sorted({e.slot for e in job.commits(size)})
     for pid in [job.pid(keys.proc(slot)) for slot in slots]:
         os.kill(pid, signal.SIGKILL)
 
@@ -380,21 +381,36 @@ def test_losing_every_holder_of_the_newest_commit_is_named_and_fails_the_job_whe
     assert f"{step} steps lost" in status.record.reason
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        (EA_SCRIPT, (*TRAIN, "--checkpoint-every", "1000"), 6),
+        # A Horovod state's periodic checkpoint is every 10th commit (5 s in, at 0.1 s a step):
+        # SIGTERM comes after the 4th.
+        (HVD_SCRIPT, (*TRAIN[:-1], "0.1"), 4),
+    ],
+    ids=["ea-state", "horovod-state"],
+)
 def test_sigterm_to_the_only_holder_writes_its_last_commit_and_the_restart_resumes_from_it(
-    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+    etcd_server: EmbeddedEtcd,
+    jobs: list[Job],
+    tmp_path: Path,
+    case: tuple[str, tuple[str, ...], int],
 ) -> None:
     """The only training process (rank 0, the only copy of the state) is stopped with SIGTERM
     long before its next periodic checkpoint: it writes its last commit on the way out, and its
-    restarted incarnation resumes from exactly there (issue 17, item 3)."""
+    restarted incarnation resumes from exactly there (issue 17, item 3) -- an ``ea.State`` and
+    a plain Horovod script's TensorFlowKerasState alike."""
+    script, args, commits = case
     job = start_job(
         etcd_server,
         *("--workers", "1", "--max-restarts", "1", "--checkpoint-dir", str(tmp_path)),
-        script=EA_SCRIPT,
-        script_args=(*TRAIN, "--checkpoint-every", "1000"),
+        script=script,
+        script_args=args,
         env=NO_SNAPSHOTS,
     )
     jobs.append(job)
-    job.wait_for(lambda: len(job.commits(1)) >= 6, 90, "commits at size 1")
+    job.wait_for(lambda: len(job.commits(1)) >= commits, 90, "commits at size 1")
     (slot,) = {e.slot for e in job.commits(1)}
     os.kill(job.pid(keys.proc(slot)), signal.SIGTERM)
     job.wait_for(lambda: any(e.data.get("event") == "resumed" for e in job.events), 90, "resume")
@@ -402,7 +418,7 @@ def test_sigterm_to_the_only_holder_writes_its_last_commit_and_the_restart_resum
     (resumed,) = [e for e in job.events if e.data.get("event") == "resumed"]
     before = [e.data["step"] for e in job.commits(1) if e.at < resumed.at]
     # The newest commit the first incarnation made, not an older one and not step 0.
-    assert resumed.data["step"] == max(before) >= 6 * COMMIT_EVERY, (resumed.data, before)
+    assert resumed.data["step"] == max(before) >= commits * COMMIT_EVERY, (resumed.data, before)
     assert any("SIGTERM: writing the last commit" in line for line in job.lines), job.tail()
     assert_consistent_finish(job, 1)
 

@@ -20,6 +20,7 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import EA_SCRIPT, HVD_SCRIPT, Job, start_job
 from tests.integration.test_elastic import (
+    ALL_AT_START,
     COMMIT_EVERY,
     STEPS,
     TRAIN,
@@ -29,16 +30,20 @@ from tests.integration.test_elastic import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
+#: The ring whose every process is SIGKILLed at once while the agents live.
+RANKS = 3
+
 
 def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
     etcd_server: EmbeddedEtcd, jobs: list[Job]
 ) -> None:
-    """Both training processes SIGKILLed at once, no checkpoint folder: the restarted ones load
-    their slot's snapshot (the last commit, not step 0), nothing is reported lost, the job
-    finishes with equal weights, and the agents leave no snapshot folder behind."""
+    """Every training process of a 3-rank ring SIGKILLed at once, no checkpoint folder: the
+    restarted ones load their slot's snapshot (the last commit, not step 0), nothing is
+    reported lost, the job finishes with equal weights, and the agents leave no snapshot folder
+    behind."""
     job = start_job(
         etcd_server,
-        *("--workers", "2", "--max-restarts", "2"),
+        *("--workers", str(RANKS), "--max-restarts", str(RANKS), *ALL_AT_START),
         script=EA_SCRIPT,
         script_args=TRAIN,
     )
@@ -51,26 +56,26 @@ def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def kill_both_after_snapshots(job: Job, folder: Path) -> int:
-    """Once both ranks commit, check one snapshot folder per slot holding the newest commit
+def kill_all_after_snapshots(job: Job, folder: Path) -> int:
+    """Once every rank commits, check one snapshot folder per slot holding the newest commit
     only (keep 1), then SIGKILL every rank after a commit; the last step committed."""
-    job.wait_for(lambda: len(job.commits(2)) >= 2, 90, "commits at size 2")
+    job.wait_for(lambda: len(job.commits(RANKS)) >= RANKS, 90, f"commits at size {RANKS}")
     # One folder per slot, each holding the newest snapshot only (keep 1).
-    slots = sorted({e.slot for e in job.commits(2)})
+    slots = sorted({e.slot for e in job.commits(RANKS)})
     assert sorted(p.name for p in folder.iterdir()) == slots
     for slot in slots:
         names = [p.name for p in (folder / slot).iterdir() if p.name.startswith("ckpt-")]
         assert len(names) == 1, names
-    kill_every_rank_after_commits(job)
-    return max(e.data["step"] for e in job.commits(2))
+    kill_every_rank_after_commits(job, RANKS)
+    return max(e.data["step"] for e in job.commits(RANKS))
 
 
 def run_and_check(job: Job, folder: Path) -> None:
-    """Kill both ranks after some commits; check the resume, the finish and the cleanup."""
-    killed_at = kill_both_after_snapshots(job, folder)
+    """Kill every rank after some commits; check the resume, the finish and the cleanup."""
+    killed_at = kill_all_after_snapshots(job, folder)
     assert job.finish() == 0, job.tail()
     resumed = [e for e in job.events if e.data.get("event") == "resumed"]
-    assert len(resumed) == 2, job.tail()
+    assert len(resumed) == RANKS, job.tail()
     # The last commit made (one more only if a rank was killed between its commit and the
     # line that reports it, which the script prints once the snapshot is written), never step 0
     # nor an older commit.
@@ -78,7 +83,7 @@ def run_and_check(job: Job, folder: Path) -> None:
     assert max(steps) in (killed_at, killed_at + COMMIT_EVERY), (steps, killed_at)
     assert min(steps) >= killed_at - COMMIT_EVERY, (steps, killed_at)
     assert any("resumed from snapshot" in line for line in job.lines), job.tail()
-    assert_consistent_finish(job, 2)  # and no "state lost"
+    assert_consistent_finish(job, RANKS)  # and no "state lost"
     assert not [line for line in job.lines if "lost" in line and "launcher]" in line], job.tail()
     assert not folder.exists(), sorted(folder.rglob("*"))
 
@@ -87,13 +92,13 @@ def test_a_plain_horovod_ring_killed_at_once_resumes_from_its_snapshots_in_share
     etcd_server: EmbeddedEtcd, jobs: list[Job]
 ) -> None:
     """The same with a script written only against Horovod's elastic API: its
-    TensorFlowKerasState is snapshotted at each commit (the bootstrap's hooks), both restarted
-    processes load their slot's snapshot at their first sync and the ring syncs from the newest,
+    TensorFlowKerasState is snapshotted at each commit (the bootstrap's hooks), every restarted
+    process loads its slot's snapshot at their first sync and the ring syncs from the newest,
     so only the steps after the last commit run again; equal weights at the end, no folder
     left behind."""
     job = start_job(
         etcd_server,
-        *("--workers", "2", "--max-restarts", "2"),
+        *("--workers", str(RANKS), "--max-restarts", str(RANKS), *ALL_AT_START),
         script=HVD_SCRIPT,
         script_args=(*TRAIN, "--wait-for-snapshot"),
     )
@@ -106,8 +111,8 @@ def test_a_plain_horovod_ring_killed_at_once_resumes_from_its_snapshots_in_share
 
 
 def run_and_check_horovod(job: Job, folder: Path) -> None:
-    """Kill both ranks after some commits; the restarted ring resumes from the last commit."""
-    killed_at = kill_both_after_snapshots(job, folder)
+    """Kill every rank after some commits; the restarted ring resumes from the last commit."""
+    killed_at = kill_all_after_snapshots(job, folder)
     killed = time.monotonic()
     assert job.finish() == 0, job.tail()
     # Printed at the first run of the training function, after the sync. The first restarted
@@ -119,11 +124,11 @@ def run_and_check_horovod(job: Job, folder: Path) -> None:
         for e in job.events
         if e.data.get("event") == "resumed" and e.at > killed
     }
-    assert len(resumed) == 2, job.tail()
+    assert len(resumed) == RANKS, job.tail()
     step = min(resumed.values())
     assert step in (killed_at, killed_at + COMMIT_EVERY), (resumed, killed_at)
     assert any("resumed from snapshot" in line for line in job.lines), job.tail()
-    assert_consistent_finish(job, 2)
+    assert_consistent_finish(job, RANKS)
     # Only the steps after the last commit ran again: each restarted process ran the rest.
     for event in job.done():
         assert event.data["steps_run"] == STEPS - resumed[event.slot], (event.data, resumed)
