@@ -246,4 +246,7 @@ def slot_of_rank(job: Job, rank: int, size: int) -> str:
     for event in reversed(job.commits(size)):
         if event.data["rank"] == rank:
             return event.slot
-    raise AssertionError(f"no commit from rank {rank} at size {size}")
+    raise AssertionError(
+        f"no commit from rank {rank} at size {size}; what the ring did:\n"
+        + job.tail(150, quiet=True)
+    )
