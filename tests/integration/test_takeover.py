@@ -16,6 +16,7 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
+from launcher.exit_codes import EXIT_OPERATIONAL
 from tests.conftest import ROOT
 from tests.integration.harness import (
     EA_SCRIPT,
@@ -331,11 +332,13 @@ def test_a_process_waiting_for_its_first_epoch_follows_a_launcher_that_takes_ove
     assert len(started) == 1, started
 
 
-def test_a_node_joining_while_its_launcher_is_replaced_follows_the_new_one(
+def test_a_node_joining_while_its_launcher_is_replaced_follows_the_new_one_and_the_stale_one_exits(
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
     """A join whose launcher stops answering at that moment waits for the successor instead
-    of failing its start check (which would tell the user to fix --host)."""
+    of failing its start check (which would tell the user to fix --host). The stale launcher
+    (SIGSTOPped past its lease) then runs again: it writes nothing and exits with one clear
+    line (issue #12)."""
     stop_file = tmp_path / "stop"
     script_args = ("--stop-file", str(stop_file), "--commit-every", "5", "--step-delay", "0.03")
     flags = ("--workers", "0", "--min-workers", "1", "--max-workers", "1")
@@ -355,12 +358,31 @@ def test_a_node_joining_while_its_launcher_is_replaced_follows_the_new_one(
             node.tail()
         )
         assert any("had not formed its first ring" in line for line in standby.lines)
-    finally:
-        leader.proc.send_signal(signal.SIGKILL)
+        written = leaders_records(leader)
         leader.proc.send_signal(signal.SIGCONT)
+        stale_exit = leader.finish(timeout=30)
+    finally:
+        if leader.proc.poll() is None:
+            leader.proc.send_signal(signal.SIGKILL)
+            leader.proc.send_signal(signal.SIGCONT)
+    assert stale_exit == EXIT_OPERATIONAL, leader.tail()
+    stale_error = (
+        "this launcher no longer leads the job (its lease expired and another launcher took "
+        "over); it stopped without writing anything"
+    )
+    assert any(line.endswith(stale_error) for line in leader.lines), leader.tail()
+    assert not any("Traceback" in line for line in leader.lines), leader.tail()
+    assert leaders_records(leader) == written
     stop_file.touch()
     assert standby.finish(timeout=120) == 0, standby.tail()
     assert node.finish(timeout=60) == 0, node.tail()
+
+
+def leaders_records(job: Job) -> dict[str, int]:
+    """The mod revision of every record only a leading launcher writes."""
+    records = [job.store.get(key) for key in (keys.LEADER, keys.RING, keys.JOB_STATUS, keys.HANG)]
+    records += job.store.get_prefix(keys.DIRECTIVES).items
+    return {kv.key: kv.mod_revision for kv in records if kv is not None}
 
 
 def test_a_survivor_waiting_to_re_form_when_its_launcher_dies_waits_for_the_successor(
