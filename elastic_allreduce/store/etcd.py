@@ -519,6 +519,8 @@ class EtcdStore(Store):
         self._children_lock = threading.Lock()
         self._closed = False
         self._closing = threading.Event()
+        #: Whether etcd answered the last call: after an outage, closing does not wait on it.
+        self._answering = True
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -546,6 +548,7 @@ class EtcdStore(Store):
             try:
                 result = attempt()
             except StoreUnavailableError as exc:
+                self._answering = False
                 now = time.monotonic()
                 if deadline is None:
                     if self.outage_timeout <= 0:
@@ -566,6 +569,7 @@ class EtcdStore(Store):
                 self._closing.wait(min(pause * jitter, deadline - now))
                 pause = min(pause * 2, RETRY_LONGEST)
                 continue
+            self._answering = True
             if deadline is not None:
                 waited = time.monotonic() - (deadline - self.outage_timeout)
                 log.info(
@@ -774,7 +778,9 @@ class EtcdStore(Store):
         if start_revision is None:
             start_revision = self.current_revision() + 1
         if give_up_after is None:
-            give_up_after = max(DEFAULT_WATCH_GIVE_UP, self.outage_timeout)
+            # A watch waits out the same outage as the calls: a job fails at its deadline.
+            timeout = self.outage_timeout
+            give_up_after = timeout if timeout > 0 else DEFAULT_WATCH_GIVE_UP
         watch = _EtcdWatch(self, prefix, start_revision, give_up_after)
         self._adopt(watch)
         watch.start()
@@ -788,12 +794,18 @@ class EtcdStore(Store):
             self._children = [c for c in self._children if c.active] + [child]
 
     def close(self) -> None:
+        """Stop every watch and keep-alive and revoke the leases. Once etcd does not answer
+        (the outage that ended the job, or a revoke), the other leases are left to expire by
+        their TTL: closing waits for no request timeout per lease."""
         self._closing.set()
         with self._children_lock:
             self._closed = True
             children, self._children = self._children, []
         for child in children:
-            child.close_quietly()
+            if self._answering:
+                child.close_quietly()
+            else:
+                child.abandon()
 
     # -- used by leases and watches ----------------------------------------------------------
 
@@ -922,6 +934,10 @@ class _EtcdLease(Lease):
         except StoreError as exc:
             log.warning("job %s: could not revoke lease %x: %s", self._store.job_id, self.id, exc)
 
+    def abandon(self) -> None:
+        """Stop refreshing without a call to etcd (which is away): the lease expires by its TTL."""
+        self._stop.set()
+
 
 class _Idle(Exception):
     """The watch stream sent nothing for IDLE_REOPEN_S (no event, no progress notification)."""
@@ -994,6 +1010,9 @@ class _EtcdWatch(Watch):
     def close_quietly(self) -> None:
         self.close()
 
+    def abandon(self) -> None:
+        self.close()
+
     # -- the watch thread --------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -1052,6 +1071,11 @@ class _EtcdWatch(Watch):
                     transport.unavailable(
                         f"the watch on {self._prefix!r} could not reconnect for "
                         f"{self._give_up_after:.0f} s"
+                        + (
+                            " (--outage-timeout)"
+                            if self._give_up_after == self._store.outage_timeout
+                            else ""
+                        )
                     )
                 )
                 return

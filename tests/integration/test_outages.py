@@ -18,6 +18,7 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
+from launcher.exit_codes import EXIT_OPERATIONAL
 from tests.conftest import ROOT
 from tests.integration.harness import Event, Job, slot_of_rank, start_job
 
@@ -119,3 +120,48 @@ def pid_alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+#: An outage deadline short enough for a test (the default is 300 s).
+DEADLINE = 8.0
+
+
+def test_an_outage_past_the_outage_timeout_fails_the_job_clearly_and_stops_every_process(
+    private_etcd: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """Training goes on while etcd is away; past --outage-timeout the job fails, saying why,
+    and no process of it is left."""
+    job = start_job(
+        private_etcd,
+        *("--workers", "2", "--outage-timeout", str(DEADLINE)),
+        script=UNTIL_SCRIPT,
+        script_args=(
+            *("--stop-file", str(tmp_path / "never"), "--commit-every", str(COMMIT_EVERY)),
+            *("--step-delay", str(STEP_DELAY)),
+        ),
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(2)) >= 4, 120, "commits at size 2")
+    pids = {e.slot: job.pid(keys.proc(e.slot)) for e in job.commits(2)}
+    agents = {node: job.pid(keys.member(node)) for node in ("n0", "n1")}
+    os.kill(private_etcd.pid, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        code = job.finish(timeout=DEADLINE + 90)
+        ended_at = time.monotonic()
+    finally:
+        os.kill(private_etcd.pid, signal.SIGCONT)
+    assert code == EXIT_OPERATIONAL, job.tail()
+    assert ended_at - stopped_at >= DEADLINE, job.tail()
+    reason = (
+        f"job {job.job_id} failed: the launcher stopped: etcd at {private_etcd.endpoints_text} "
+        "is unreachable"
+    )
+    assert any(
+        reason in line and f"for {DEADLINE:.0f} s (--outage-timeout)" in line for line in job.lines
+    ), job.tail()
+    # Training went on until the deadline, not only for its first moments.
+    late = commits_between(job, stopped_at + DEADLINE / 2, ended_at)
+    assert {e.slot for e in late} == set(pids), job.tail()
+    for pid in [*pids.values(), *agents.values()]:
+        assert not pid_alive(pid), job.tail()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -286,6 +287,30 @@ def test_calls_wait_out_an_outage_up_to_the_outage_timeout(
         brief.close()
     finally:
         patient.close()
+
+
+def test_closing_after_an_outage_leaves_the_leases_to_their_ttl(
+    private_etcd: EmbeddedEtcd, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store whose etcd stayed away past its deadline (a job that fails of the outage) does
+    not wait on it once more per lease when it closes: the leases expire by their TTL."""
+    job = fresh_job_id()
+    store = EtcdStore(private_etcd.endpoints_text, job, outage_timeout=1.0)
+    leases = [store.grant_lease(60) for _ in range(2)]
+    private_etcd.stop()
+    with pytest.raises(StoreUnavailableError, match=r"unreachable for 1 s \(--outage-timeout\)"):
+        store.get("k")
+    with caplog.at_level(logging.WARNING):
+        store.close()
+    assert not [r for r in caplog.records if "could not revoke" in r.getMessage()]
+    private_etcd.restart()
+    checker = EtcdStore(private_etcd.endpoints_text, job)
+    try:
+        for lease in leases:
+            remaining = checker.lease_remaining(lease.id)
+            assert remaining is not None and remaining > 0  # left to expire, not revoked
+    finally:
+        checker.close()
 
 
 def test_a_retried_compare_and_swap_whose_reply_was_lost_is_ours(
