@@ -1,8 +1,11 @@
-"""Small process helpers shared by the embedded etcd, the agent and the local provisioner."""
+"""Small process helpers shared by the embedded etcd, the agent, the local provisioner and the
+training processes' bootstrap."""
 
 from __future__ import annotations
 
 import ctypes
+import faulthandler
+import io
 import signal
 import sys
 from typing import Final
@@ -15,3 +18,14 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child between f
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def print_stacks_on_sigusr1() -> None:
+    """Make `kill -USR1 PID` print every thread's stack to stderr: where a process waits.
+
+    Skipped where stderr is no file (``main`` called in-process with its output captured).
+    """
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return

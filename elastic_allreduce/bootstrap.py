@@ -45,6 +45,7 @@ from http.client import HTTPException
 from typing import Final
 
 from elastic_allreduce import env, ipv6
+from elastic_allreduce._process import print_stacks_on_sigusr1
 from elastic_allreduce.errors import (
     ConfigError,
     ElasticAllreduceError,
@@ -373,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The agent prefixes every line with the job, ring epoch, rank and slot; messages that
     # need the slot name it themselves.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # The agent asks for them before it kills a live process it replaces (stuck, hung).
+    print_stacks_on_sigusr1()
     slot = _required(env.SLOT)
     store = EtcdStore(
         _required(env.ETCD_ENDPOINTS),

@@ -26,8 +26,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import faulthandler
-import io
 import json
 import logging
 import os
@@ -46,7 +44,7 @@ from types import FrameType
 from typing import IO, Final
 
 from elastic_allreduce import env, logprefix, shm_snapshot
-from elastic_allreduce._process import die_with_parent
+from elastic_allreduce._process import die_with_parent, print_stacks_on_sigusr1
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, ProtocolError, StoreError
 from elastic_allreduce.records import keys
@@ -96,6 +94,8 @@ OUTAGE_NOTE_INTERVAL: Final = 10.0
 LEADERLESS_GRACE: Final = 60.0
 #: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
 LEAVING_OUTAGE_WAIT: Final = 5.0
+#: Seconds a process the launcher replaces while it lives gets to print its stacks (SIGUSR1).
+STACKS_WAIT: Final = 1.0
 #: Seconds the processes of a node whose leave timed out get between SIGTERM and SIGKILL: rank 0
 #: of ``ea.State`` writes its last commit to the checkpoint folder on SIGTERM (the Kubernetes
 #: worker's grace period is the leave timeout plus 30 s).
@@ -727,6 +727,8 @@ class Agent:
                         self._prefix(slot_id(self.settings.node_id, index)),
                         proc.incarnation,
                     )
+                    if incarnation > 0:
+                        _print_stacks_of(proc.popen)
                     proc.popen.kill()
                 continue
             if proc is None and incarnation > self._started.get(index, 0) and not self._leaving:
@@ -901,6 +903,16 @@ class Agent:
                 proc.popen.wait(timeout=10)
 
 
+def _print_stacks_of(popen: subprocess.Popen[bytes]) -> None:
+    """Ask a live process that is about to be replaced (the launcher found it stuck or hung)
+    for every thread's stack, which it prints to its output (the bootstrap registered SIGUSR1):
+    where it waited, for the log. Waits STACKS_WAIT at most; a stopped process prints nothing."""
+    with contextlib.suppress(ProcessLookupError):
+        popen.send_signal(signal.SIGUSR1)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(timeout=STACKS_WAIT)
+
+
 def _leaving(key: str, value: JsonValue) -> bool:
     """Whether a member record says its node is leaving (malformed ones count as not)."""
     try:
@@ -1011,17 +1023,6 @@ def python_script_args(command: Sequence[str], *, check_exists: bool = True) -> 
     if check_exists and not os.path.isfile(args[0]):
         raise ConfigError(f"training script {args[0]!r} does not exist")
     return args
-
-
-def print_stacks_on_sigusr1() -> None:
-    """Make `kill -USR1 PID` print every thread's stack to stderr: where a launcher or node waits.
-
-    Skipped where stderr is no file (``main`` called in-process with its output captured).
-    """
-    try:
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    except (AttributeError, ValueError, io.UnsupportedOperation):
-        return
 
 
 def main(argv: Sequence[str] | None = None) -> int:

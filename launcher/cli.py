@@ -19,6 +19,7 @@ from types import FrameType
 from rich.console import Console
 
 from elastic_allreduce import __version__, env
+from elastic_allreduce._process import print_stacks_on_sigusr1
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import parse_job, read_job
@@ -27,13 +28,7 @@ from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse
 from elastic_allreduce.store.cache import drain, new_inbox
 from launcher import job_options, netinfo, security_cli, status_view
 from launcher import zoo as zoo_cli
-from launcher.agent import (
-    Agent,
-    AgentSettings,
-    NodeTemplate,
-    print_stacks_on_sigusr1,
-    resolve_command,
-)
+from launcher.agent import Agent, AgentSettings, NodeTemplate, resolve_command
 from launcher.exit_codes import EXIT_HANDED_OVER, exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode

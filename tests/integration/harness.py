@@ -101,7 +101,9 @@ class Job:
             if remaining <= 0 or exited:
                 if predicate():
                     return
-                raise AssertionError(f"timed out waiting for {what}; output:\n" + self.tail())
+                raise AssertionError(
+                    f"timed out waiting for {what}; output:\n" + self.tail(150, quiet=True)
+                )
             with contextlib.suppress(queue.Empty):
                 self._new.get(timeout=min(remaining, 0.5))
 

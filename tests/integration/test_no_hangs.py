@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -236,6 +237,15 @@ def test_a_rank_asleep_outside_a_collective_is_diagnosed_and_replaced(
     ), others
     assert "NOT in a collective, at hang_at_step.py:" in "\n".join(job.lines)
     assert f"stacks of rank 1 (slot {sleeper})" in "\n".join(job.lines)
+    # And its agent asked it for its stacks before it killed it (faulthandler's own format).
+    printed = [
+        parsed.text
+        for line in job.lines
+        if (parsed := logprefix.parse_line(line)) is not None and parsed.slot == sleeper
+    ]
+    assert any(
+        re.search(r'File ".*hang_at_step\.py", line \d+ in hang_here', text) for text in printed
+    ), "\n".join(printed[-40:])
     assert_same_state_at_the_end(job, 3)
     assert {e.slot for e in job.done()} == set(ranks)  # the replacement finished too
     # It waited the whole timeout (a hang is never declared early).
