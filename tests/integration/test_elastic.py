@@ -350,13 +350,16 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
 
 
 def test_losing_every_holder_of_the_newest_commit_is_named_and_fails_the_job_when_asked(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
     """Every training process dies at once, no checkpoint: the new ring starts from step 0,
-    and the launcher says which commit and how many steps were lost (issue 17, item 4)."""
+    and the launcher says which commit and how many steps were lost (issue 17, item 4): in its
+    log, as an event and in the job's failure."""
+    events_file = tmp_path / "events.jsonl"
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-restarts", "2", "--on-state-loss", "fail"),
+        *("--events-file", str(events_file)),
         script=EA_SCRIPT,
         script_args=TRAIN,
         env=NO_SNAPSHOTS,
@@ -374,6 +377,10 @@ def test_losing_every_holder_of_the_newest_commit_is_named_and_fails_the_job_whe
     assert step in made and step >= 12 * COMMIT_EVERY // 2, (step, sorted(made))
     assert commit_id >= 1
     assert f"restarted from the start (no checkpoint), {step} steps lost" in lost[0]
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    recorded = [e for e in events if e["kind"] == "StateLost"]
+    assert len(recorded) == 1, events
+    assert f"{step} steps lost" in recorded[0]["message"], recorded
     with EtcdStore(etcd_server.endpoints_text, job.job_id) as store:
         status = read_job(store).status
     assert status is not None and status.record.phase is JobPhase.FAILED
