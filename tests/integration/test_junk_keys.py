@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.conftest import write_raw
+from tests.conftest import ROOT, write_raw
 from tests.integration.harness import Job, run_cli, slot_of_rank, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -73,3 +75,46 @@ def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
     assert not any("n0.0] stopping incarnation" in line for line in job.lines), job.tail()
     assert status.returncode == 0, status.stderr
     assert "skipped key members/n7: the member record: field 'slots'" in status.stdout
+
+
+UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
+
+
+def test_a_forged_config_job_changes_nothing_that_the_workers_run(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """``config/job`` rewritten by a writer that is not the leader (issue #14, item 4), with a
+    command that would leave a marker file: the node the launcher starts afterwards (a
+    scale-up) and a process restarted after a crash run the launcher's own command."""
+    stop_file = tmp_path / "stop"
+    marker = tmp_path / "the-forged-command-ran"
+    job = start_job(
+        etcd_server,
+        *("--workers", "1", "--max-workers", "2", "--max-restarts", "1"),
+        script=UNTIL_SCRIPT,
+        script_args=("--stop-file", str(stop_file), "--commit-every", "5", "--step-delay", "0.03"),
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(1)) >= 3, 120, "commits at size 1")
+    stored = job.store.get(keys.JOB_CONFIG)
+    assert stored is not None and isinstance(stored.value, dict), stored
+    assert "command" in stored.value, stored.value
+    forged = {**stored.value, "command": ["python", "-c", f"open({str(marker)!r}, 'w')"]}
+    job.store.put(keys.JOB_CONFIG, forged)
+
+    scaled = run_cli("scale", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id, "2")
+    assert scaled.returncode == 0, scaled.stderr
+    job.wait_for(lambda: any(e.slot == "n1.0" for e in job.commits(2)), 120, "the new node")
+    victim = slot_of_rank(job, 1, 2)
+    os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
+    killed_at = time.monotonic()
+    job.wait_for(
+        lambda: {e.slot for e in job.commits(2) if e.at > killed_at} == {"n0.0", "n1.0"},
+        120,
+        "both ranks training after the restart",
+    )
+    stop_file.touch()
+    assert job.finish() == 0, job.tail()
+    assert not marker.exists(), job.tail()
+    assert {e.slot for e in job.done()} == {"n0.0", "n1.0"}, job.tail()
+    assert any(f"slot {victim} crashed" in line for line in job.lines), job.tail()
