@@ -62,6 +62,9 @@ GPU_INDEX: Final = "ELASTIC_ALLREDUCE_GPU_INDEX"
 PROCESS_TTL: Final = "ELASTIC_ALLREDUCE_PROCESS_TTL"
 #: Seconds an agent keeps its node in a job that has no launcher (default 60).
 LEADERLESS_GRACE: Final = "ELASTIC_ALLREDUCE_LEADERLESS_GRACE"
+#: Seconds a leaving node (SIGTERM to its agent) waits to be let go before it stops its
+#: processes with SIGTERM (default 60).
+LEAVE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_LEAVE_TIMEOUT"
 #: Seconds a training process's store calls wait out an unreachable etcd (--outage-timeout).
 OUTAGE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_OUTAGE_TIMEOUT"
 #: The ring epoch a training process joined first (set by the bootstrap).

@@ -220,6 +220,12 @@ class Agent:
             below=86400,
             hint=f"a node waits for a launcher this long; default {LEADERLESS_GRACE:g}",
         )
+        self._leave_timeout = env.seconds(
+            env.LEAVE_TIMEOUT,
+            settings.leave_timeout,
+            below=86400,
+            hint=f"a leaving node waits to be let go this long; default {settings.leave_timeout:g}",
+        )
         inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
         self._devices = slot_devices(inherited, settings.nproc_per_node)
         #: Where this node's slots keep their snapshot in shared memory (None: off), and the
@@ -685,7 +691,7 @@ class Agent:
         if self._leaving:
             return
         self._leaving = True
-        self._leave_deadline = time.monotonic() + self.settings.leave_timeout
+        self._leave_deadline = time.monotonic() + self._leave_timeout
         # Leaving during an etcd outage: say so if etcd answers soon, else just go.
         self.store.outage_timeout = min(self.store.outage_timeout, LEAVING_OUTAGE_WAIT)
         self._member = replace(self._member, leaving=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from elastic_allreduce import env
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
 from elastic_allreduce.records.values import (
@@ -428,6 +429,38 @@ def test_sigterm_to_the_only_holder_writes_its_last_commit_and_the_restart_resum
     assert resumed.data["step"] == max(before) >= commits * COMMIT_EVERY, (resumed.data, before)
     assert any("SIGTERM: writing the last commit" in line for line in job.lines), job.tail()
     assert_consistent_finish(job, 1)
+
+
+def test_sigterm_to_the_node_of_the_only_holder_saves_its_last_commit_for_a_later_joiner(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """SIGTERM to the agent of the only node (a drain, a preemption; issue 17, item 3): no
+    newcomer takes the state over before its leave times out, so its process writes the last
+    commit on the way out; a node that joins later resumes from exactly there, not from an
+    older checkpoint or from step 0."""
+    quick_leave = {**NO_SNAPSHOTS, env.LEAVE_TIMEOUT: "3"}
+    job = start_job(
+        etcd_server,
+        *("--workers", "1", "--max-workers", "1", "--max-restarts", "0"),
+        *("--checkpoint-dir", str(tmp_path)),
+        script=EA_SCRIPT,
+        script_args=(*TRAIN[2:], "--steps", "600", "--checkpoint-every", "1000"),
+        env=quick_leave,
+    )
+    jobs.append(job)
+    job.wait_for(lambda: len(job.commits(1)) >= 6, 90, "commits at size 1")
+    os.kill(job.pid(keys.member("n0")), signal.SIGTERM)
+    job.wait_for(lambda: any("node n0] left the job" in line for line in job.lines), 60, "a leave")
+    assert any("SIGTERM: writing the last commit" in line for line in job.lines), job.tail()
+    last = max(e.data["step"] for e in job.commits(1))
+    node = join_job(etcd_server, job, env=quick_leave)
+    jobs.append(node)
+    node.wait_for(lambda: any(e.data.get("event") == "resumed" for e in node.events), 120, "resume")
+    (resumed,) = [e for e in node.events if e.data.get("event") == "resumed"]
+    # The last commit printed, or the next one: SIGTERM may land between a commit and its line.
+    assert resumed.data["step"] in (last, last + COMMIT_EVERY), (resumed.data, last)
+    assert node.finish() == 0, node.tail()
+    assert job.finish() == 0, job.tail()
 
 
 def test_status_shows_the_ring_members_and_last_commit(
