@@ -25,6 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 _job_numbers = itertools.count(1)
 
 
+def require_checkout_outside_tmp(what: str) -> None:
+    """Fail at once, saying what to do, where ``what`` (a pod with an emptyDir at /tmp, a
+    read-only sandbox) gets a fresh /tmp that would hide this checkout and its .venv: its
+    ``elastic-run`` could not start, and the test would only time out."""
+    if ROOT.is_relative_to("/tmp"):
+        pytest.fail(
+            f"this checkout ({ROOT}) is under /tmp, which {what} replaces with a /tmp of its "
+            "own: run the tests from a checkout outside /tmp (e.g. `git clone . "
+            "/var/tmp/elastic-allreduce`)"
+        )
+
+
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EmbeddedEtcd]:
     """One etcd for the tests that do not stop it (each test uses its own job ids)."""

@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.conftest import fresh_job_id
+from tests.conftest import fresh_job_id, require_checkout_outside_tmp
 from tests.helpers.fake_kube import FakeKube
 from tests.k8s.conftest import PodOutput, join_template, launcher_pod, phase, wait_showing
 
@@ -76,6 +76,7 @@ def test_the_launcher_writes_only_to_tmp_and_its_tensorboard_folder(
 ) -> None:
     if (why := usable()) is not None:
         pytest.skip(why)
+    require_checkout_outside_tmp("the read-only sandbox")
     job_id = fresh_job_id("rofs")
     template, stop = outside_tmp / "worker-pod.yaml", outside_tmp / "stop"
     template.write_text(json.dumps(join_template()))

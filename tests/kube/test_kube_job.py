@@ -40,7 +40,7 @@ from elastic_allreduce.records.snapshot import JobSnapshot, read_job
 from elastic_allreduce.records.values import JobPhase, RingState
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 from launcher.k8s.client import Kind, Kube
-from tests.conftest import ROOT, fresh_job_id
+from tests.conftest import ROOT, fresh_job_id, require_checkout_outside_tmp
 from tests.helpers.kube.cluster import KubeCluster
 from tests.helpers.kube.kubelet import KubeletClient
 from tests.kube.conftest import POD, wait
@@ -61,6 +61,7 @@ Obj = dict[str, Any]
 @pytest.fixture
 def pod_etcd(kube_cluster: KubeCluster, etcd_server: EmbeddedEtcd) -> Iterator[str]:
     """The session's etcd as the pods reach it (``http://10.233.0.1:<port>``)."""
+    require_checkout_outside_tmp("the launcher pod's emptyDir")
     endpoint, forwarder = kube_cluster.expose_to_pods(
         f"etcd-forward-{os.getpid()}-{time.monotonic_ns()}", etcd_server.client_port
     )
