@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import soak_report
+
 MiB = 1024 * 1024
 
 #: What limits an item when it misses its target (shown only when it does).
@@ -1131,4 +1133,8 @@ def write(results: dict[str, Any], results_dir: Path, markdown: Path) -> list[Pa
     except ImportError:
         link = None
     markdown.write_text(render_markdown(results, link))
+    soak = results_dir / "soak.json"
+    if soak.is_file():
+        # The soak's section comes from its own run (`make soak`), kept through this one.
+        soak_report.update(markdown, json.loads(soak.read_text()))
     return [json_path, markdown, *([png_path] if link else [])]

@@ -432,3 +432,19 @@ def test_multihost_skipped_without_test_hosts_says_why() -> None:
     assert f"- multihost was skipped: {reason}" in text
     assert "partition recovery (test hosts) misses" not in text
     _check_tables(text)
+
+
+def test_the_soak_section_outlives_a_bench_run(tmp_path: Path) -> None:
+    """`make bench` writes RESULTS.md anew; the Soak section, from `make soak`'s own result in
+    the same folder, stays (once)."""
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    recorded = Path(report.__file__).parent / "results" / "soak.json"
+    (results_dir / "soak.json").write_text(recorded.read_text())
+    markdown = tmp_path / "RESULTS.md"
+    for _ in range(2):
+        report.write(synthetic(), results_dir, markdown)
+    text = markdown.read_text()
+    assert text.count("\n## Soak\n") == 1, text
+    seed = json.loads(recorded.read_text())["seed"]
+    assert str(seed) in text.split("\n## Soak\n", 1)[1]
