@@ -486,10 +486,12 @@ def _observability_load(item: dict[str, Any]) -> list[str]:
     load, cores = item.get("load_average"), item.get("cores")
     if not load or not cores:
         return []
-    busy = max(load["start"], load["end"]) > cores
+    # Only the load before the rounds is other work's: the one after includes the rounds' jobs.
+    busy = load["start"] > cores
     return [
         f"Ran on this machine ({cores} cores) with a 1-minute load average of "
-        f"{load['start']:.2f} before the rounds and {load['end']:.2f} after them"
+        f"{load['start']:.2f} before the rounds and {load['end']:.2f} after them (their own "
+        "jobs included)"
         + (
             f": other work kept the machine busier than its {cores} cores, so steps/s moved "
             "from round to round with that work, not only with A or B."

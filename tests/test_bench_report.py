@@ -448,3 +448,12 @@ def test_the_soak_section_outlives_a_bench_run(tmp_path: Path) -> None:
     assert text.count("\n## Soak\n") == 1, text
     seed = json.loads(recorded.read_text())["seed"]
     assert str(seed) in text.split("\n## Soak\n", 1)[1]
+
+
+def test_the_observability_rounds_are_called_noisy_only_for_other_work() -> None:
+    """The load after the rounds includes their own jobs: only the one before them says that
+    other work ran beside them."""
+    quiet = report._observability_load({"load_average": {"start": 0.99, "end": 3.5}, "cores": 2})
+    busy = report._observability_load({"load_average": {"start": 7.65, "end": 12.7}, "cores": 2})
+    assert "busier" not in quiet[0] and "3.50 after them (their own jobs included)." in quiet[0]
+    assert "other work kept the machine busier than its 2 cores" in busy[0]
