@@ -324,12 +324,14 @@ class Launcher:
             except LeadershipLostError:
                 raise
             except Exception as exc:
-                if isinstance(exc, StoreUnavailableError):
+                outage = isinstance(exc, StoreUnavailableError)
+                if outage:
                     self.store.outage_timeout = 0.0  # it stayed away past the deadline
                 log.warning(
-                    "[%s e%d launcher] stopping on an unexpected %s, raised at %s",
+                    "[%s e%d launcher] stopping on %s %s, raised at %s",
                     self.settings.job_id,
                     self._epoch,
+                    "an etcd outage past --outage-timeout:" if outage else "an unexpected",
                     type(exc).__name__,
                     raised_at(exc),
                 )

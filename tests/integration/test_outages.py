@@ -160,6 +160,7 @@ def test_an_outage_past_the_outage_timeout_fails_the_job_clearly_and_stops_every
     assert any(
         reason in line and f"for {DEADLINE:.0f} s (--outage-timeout)" in line for line in job.lines
     ), job.tail()
+    assert any("stopping on an etcd outage past --outage-timeout" in line for line in job.lines)
     # Training went on until the deadline, not only for its first moments.
     late = commits_between(job, stopped_at + DEADLINE / 2, ended_at)
     assert {e.slot for e in late} == set(pids), job.tail()
