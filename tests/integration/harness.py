@@ -29,6 +29,8 @@ HVD_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_elastic.py")
 EA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_elastic.py")
 KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
 DATA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_data.py")
+#: Trains until a stop file appears: the test decides when training ends (see :func:`until`).
+UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}
 #: Seconds :meth:`Job.finish` waits for the end of the output once the job has exited.
@@ -251,4 +253,13 @@ def slot_of_rank(job: Job, rank: int, size: int) -> str:
     raise AssertionError(
         f"no commit from rank {rank} at size {size}; what the ring did:\n"
         + job.tail(150, quiet=True)
+    )
+
+
+def until(stop_file: Path, *, commit_every: int = 5, step_delay: float = 0.03) -> tuple[str, ...]:
+    """UNTIL_SCRIPT's arguments: train until ``stop_file`` appears, committing every
+    ``commit_every`` steps of ``step_delay`` seconds."""
+    return (
+        *("--stop-file", str(stop_file), "--commit-every", str(commit_every)),
+        *("--step-delay", str(step_delay)),
     )

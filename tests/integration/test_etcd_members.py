@@ -27,9 +27,9 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EtcdStore
-from tests.conftest import ROOT, fresh_job_id
+from tests.conftest import fresh_job_id
 from tests.helpers.etcd_cluster import EtcdCluster
-from tests.integration.harness import Event, Job, slot_of_rank, start_job
+from tests.integration.harness import UNTIL_SCRIPT, Event, Job, slot_of_rank, start_job, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 log = logging.getLogger(__name__)
@@ -38,8 +38,6 @@ log = logging.getLogger(__name__)
 QUORUM_LOSS = 20.0
 COMMIT_EVERY = 5
 STEP_DELAY = 0.03
-#: Trains until the test has seen all it needs (a stop file), not for a guessed step count.
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 #: Lines that say a lease expired or a process lost etcd: none may follow the leader's death.
 LEASE_LOST_SIGNS = ("registered again", "leading again", "cut off from etcd", "lost: the server")
 
@@ -97,10 +95,7 @@ def test_a_job_trains_through_the_loss_of_the_etcd_leader_and_of_quorum(
         cluster,
         *("--workers", "2", "--max-restarts", "2", "--outage-timeout", "120"),
         script=UNTIL_SCRIPT,
-        script_args=(
-            *("--stop-file", str(stop_file), "--commit-every", str(COMMIT_EVERY)),
-            *("--step-delay", str(STEP_DELAY)),
-        ),
+        script_args=until(stop_file, commit_every=COMMIT_EVERY, step_delay=STEP_DELAY),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 8, 120, "commits at size 2")

@@ -23,11 +23,10 @@ from elastic_allreduce.store import EtcdSecurity, EtcdStore
 from launcher import certs
 from tests.conftest import ROOT, fresh_job_id
 from tests.helpers.tls import TlsEtcd
-from tests.integration.harness import ELASTIC_RUN, HVD_SCRIPT, Job
+from tests.integration.harness import ELASTIC_RUN, HVD_SCRIPT, UNTIL_SCRIPT, Job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 TRAIN = ("--", "python", HVD_SCRIPT, "--steps", "20", "--commit-every", "5")
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.conftest import ROOT, write_raw
-from tests.integration.harness import Job, run_cli, slot_of_rank, start_job
+from tests.conftest import write_raw
+from tests.integration.harness import UNTIL_SCRIPT, Job, run_cli, slot_of_rank, start_job, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -77,9 +77,6 @@ def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
     assert "skipped key members/n7: the member record: field 'slots'" in status.stdout
 
 
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
-
-
 def test_a_forged_config_job_changes_nothing_that_the_workers_run(
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
@@ -92,7 +89,7 @@ def test_a_forged_config_job_changes_nothing_that_the_workers_run(
         etcd_server,
         *("--workers", "1", "--max-workers", "2", "--max-restarts", "1"),
         script=UNTIL_SCRIPT,
-        script_args=("--stop-file", str(stop_file), "--commit-every", "5", "--step-delay", "0.03"),
+        script_args=until(stop_file),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(1)) >= 3, 120, "commits at size 1")

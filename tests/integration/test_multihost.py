@@ -28,9 +28,7 @@ from tests.conftest import ROOT, fresh_job_id
 from tests.helpers import testhosts
 from tests.helpers.testhosts import Host, TestHosts
 from tests.integration.conftest import MakeTestHosts, assert_no_processes_left
-from tests.integration.harness import EA_SCRIPT, ELASTIC_RUN
-
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
+from tests.integration.harness import EA_SCRIPT, ELASTIC_RUN, UNTIL_SCRIPT
 
 pytestmark = pytest.mark.slow
 

@@ -17,12 +17,18 @@ from elastic_allreduce import logprefix
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
 from tests.conftest import ROOT
-from tests.integration.harness import HVD_SCRIPT, Job, run_cli, slot_of_rank, start_job
+from tests.integration.harness import (
+    HVD_SCRIPT,
+    UNTIL_SCRIPT,
+    Job,
+    run_cli,
+    slot_of_rank,
+    start_job,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 NO_WARMUP_SCRIPT = str(ROOT / "tests" / "scripts" / "hvd_no_warmup.py")
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 #: A script without a warm-up step: plain Horovod's TensorFlowKerasState, and ea.State.
 NO_WARMUP = {
     "horovod-api": (NO_WARMUP_SCRIPT, ()),

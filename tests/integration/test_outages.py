@@ -19,8 +19,7 @@ import pytest
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from launcher.exit_codes import EXIT_OPERATIONAL
-from tests.conftest import ROOT
-from tests.integration.harness import Event, Job, slot_of_rank, start_job
+from tests.integration.harness import UNTIL_SCRIPT, Event, Job, slot_of_rank, start_job, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -30,8 +29,6 @@ OUTAGE = 30.0
 SHORT_OUTAGE = 8.0
 COMMIT_EVERY = 5
 STEP_DELAY = 0.03
-#: Trains until the test has seen all it needs (a stop file), not for a guessed step count.
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 
 
 def commits_between(job: Job, start: float, end: float) -> list[Event]:
@@ -46,10 +43,7 @@ def test_training_goes_on_through_an_etcd_outage_and_a_death_in_one_is_handled_a
         private_etcd,
         *("--workers", "2", "--max-restarts", "1", "--outage-timeout", "120"),
         script=UNTIL_SCRIPT,
-        script_args=(
-            *("--stop-file", str(stop_file), "--commit-every", str(COMMIT_EVERY)),
-            *("--step-delay", str(STEP_DELAY)),
-        ),
+        script_args=until(stop_file, commit_every=COMMIT_EVERY, step_delay=STEP_DELAY),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 8, 120, "commits at size 2")
@@ -135,10 +129,7 @@ def test_an_outage_past_the_outage_timeout_fails_the_job_clearly_and_stops_every
         private_etcd,
         *("--workers", "2", "--outage-timeout", str(DEADLINE)),
         script=UNTIL_SCRIPT,
-        script_args=(
-            *("--stop-file", str(tmp_path / "never"), "--commit-every", str(COMMIT_EVERY)),
-            *("--step-delay", str(STEP_DELAY)),
-        ),
+        script_args=until(tmp_path / "never", commit_every=COMMIT_EVERY, step_delay=STEP_DELAY),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 120, "commits at size 2")

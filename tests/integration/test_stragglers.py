@@ -17,12 +17,9 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.conftest import ROOT
-from tests.integration.harness import Job, start_job
+from tests.integration.harness import UNTIL_SCRIPT, Job, start_job, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 
 
 #: The cgroup (v1) CPU controller; root is a requirement of this suite (DESIGN.md).
@@ -57,9 +54,7 @@ def test_an_even_ring_has_no_straggler_and_a_slowed_rank_is_reported_and_evicted
         *("--workers", "2", "--start-grace", "120", "--straggler-policy", "evict"),
         *("--events-file", str(events_file)),
         script=UNTIL_SCRIPT,
-        script_args=(
-            *("--stop-file", str(stop_file), "--step-delay", "0.05", "--commit-every", "50"),
-        ),
+        script_args=until(stop_file, commit_every=50, step_delay=0.05),
     )
     jobs.append(job)
     # Evenly slow (50 ms of each step is every rank's own): the watch's window of 10 reports

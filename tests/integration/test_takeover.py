@@ -17,10 +17,10 @@ import pytest
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from launcher.exit_codes import EXIT_OPERATIONAL
-from tests.conftest import ROOT
 from tests.integration.harness import (
     EA_SCRIPT,
     ELASTIC_RUN,
+    UNTIL_SCRIPT,
     Event,
     Job,
     join_job,
@@ -31,7 +31,6 @@ from tests.integration.harness import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 STEPS = 1500
 COMMIT_EVERY = 5
 SCRIPT_ARGS = (

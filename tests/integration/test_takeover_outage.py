@@ -19,8 +19,8 @@ import pytest
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import fresh_job_id
-from tests.integration.harness import ELASTIC_RUN, Event, Job, watch_process
-from tests.integration.test_takeover import FLAGS, UNTIL_SCRIPT, start_standby
+from tests.integration.harness import ELASTIC_RUN, UNTIL_SCRIPT, Event, Job, watch_process
+from tests.integration.test_takeover import FLAGS, start_standby
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
