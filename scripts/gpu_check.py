@@ -7,11 +7,15 @@ even where nothing else is installed. In order:
 2. the software, imported in a child interpreter (a crash there is a finding, not the end):
    TensorFlow (its version, whether it was built with CUDA, the GPUs it sees), Horovod (whether
    it was built with NCCL and Gloo), this checkout's packages and an etcd server binary;
-3. where a GPU, TensorFlow that sees it and Horovod with NCCL are all there: an allreduce
+3. where a GPU and Horovod with NCCL are there, on TensorFlow (the product's framework) or,
+   where TensorFlow cannot run, on PyTorch (scripts/gpu_check_framework.py): an allreduce
    bus-bandwidth sweep with Horovod over NCCL (``horovodrun``, one process per GPU, or two
    sharing the only GPU), busbw = algbw * 2(n-1)/n as nccl-tests computes it for allreduce;
-4. and, with an etcd binary too: one elastic job on the GPUs (``elastic-run``, 2 training
-   processes) in which one process is SIGKILLed and the job must recover and finish.
+4. NCCL under a failure: a peer SIGKILLed between and inside allreduces, the survivor's
+   error and its re-initialisation with a new peer and alone, in Horovod's elastic mode
+   (scripts/gpu_check_nccl_failure.py);
+5. with TensorFlow and an etcd binary too: one elastic job on the GPUs (``elastic-run``, 2
+   training processes) in which one process is SIGKILLed and the job must recover and finish.
 
 Every figure goes into one JSON file. What could not be checked is said, with the reason, and
 is no failure: the exit code is 1 only when something that was checked failed, else 0.
@@ -63,20 +67,35 @@ try:
 except Exception as exc:
     out["tensorflow"] = {"importable": False, "error": f"{type(exc).__name__}: {exc}"}
 try:
-    import horovod
-    import horovod.tensorflow as hvd
-    out["horovod"] = {
+    import torch
+    out["torch"] = {
         "importable": True,
-        "version": horovod.__version__,
-        "nccl_built": bool(hvd.nccl_built()),
-        "gloo_built": bool(hvd.gloo_built()),
-        "cuda_built": bool(hvd.cuda_built()),
+        "version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
+except Exception as exc:
+    out["torch"] = {"importable": False, "error": f"{type(exc).__name__}: {exc}"}
+try:
+    import horovod
+    out["horovod"] = {"importable": True, "version": horovod.__version__}
     import horovod.runner.launch
     out["horovod"]["horovodrun"] = True
 except Exception as exc:
     out.setdefault("horovod", {"importable": False})
     out["horovod"]["error"] = f"{type(exc).__name__}: {exc}"
+for framework in ("tensorflow", "torch"):
+    if not out["horovod"].get("importable") or not out[framework]["importable"]:
+        continue
+    try:
+        hvd = __import__(f"horovod.{framework}", fromlist=["init"])
+        out["horovod"][framework] = {
+            "nccl_built": bool(hvd.nccl_built()),
+            "gloo_built": bool(hvd.gloo_built()),
+            "cuda_built": bool(hvd.cuda_built()),
+        }
+    except Exception as exc:
+        out["horovod"][framework] = {"error": f"{type(exc).__name__}: {exc}"}
 try:
     import elastic_allreduce, launcher.cli
     path = os.path.dirname(elastic_allreduce.__file__)
@@ -264,7 +283,13 @@ def bus_bandwidth(size_bytes: int, seconds: float, processes: int) -> dict[str, 
 
 
 def sweep(
-    python: str, gpu_count: int, sizes_mib: list[int], timeout: float, cpu: bool = False
+    python: str,
+    gpu_count: int,
+    sizes_mib: list[int],
+    timeout: float,
+    *,
+    cpu: bool = False,
+    framework: str = "tensorflow",
 ) -> dict[str, Any]:
     plan = layout(gpu_count) if not cpu else {"processes": 2, "share_gpu": False, "cpu": True}
     n = plan["processes"]
@@ -281,12 +306,15 @@ def sweep(
         str(SCRIPTS / "gpu_check_allreduce.py"),
         "--sizes-mib",
         ",".join(str(size) for size in sizes_mib),
+        "--framework",
+        framework,
         *(["--share-gpu"] if plan["share_gpu"] else []),
         *(["--cpu"] if cpu else []),
     ]
     done = run(command, timeout, env=child_env({"NCCL_DEBUG": "INFO"}))
     result: dict[str, Any] = {
         **plan,
+        "framework": framework,
         "command": " ".join(command),
         "seconds": done["seconds"],
         "nccl_transports": transports(done["output"]),
@@ -331,7 +359,30 @@ def transports(output: str) -> list[str]:
     return seen
 
 
-# -- 4. elastic kill-and-recover --------------------------------------------------------------
+# -- 4. NCCL under a failure and a reset ------------------------------------------------------
+
+
+def nccl_failure(python: str, framework: str, timeout: float, cpu: bool = False) -> dict[str, Any]:
+    """A peer SIGKILLed between and inside NCCL allreduces; the survivor re-initialises
+    (scripts/gpu_check_nccl_failure.py says what each step shows)."""
+    command = [python, str(SCRIPTS / "gpu_check_nccl_failure.py"), "--framework", framework]
+    # A survivor that has not failed after this long counts as hung (Gloo's own timeout is 30 s).
+    command += ["--deadline", str(round(min(90.0, max(40.0, timeout / 3))))]
+    command += ["--cpu"] if cpu else []
+    done = run(command, timeout, env=child_env({"NCCL_DEBUG": "WARN"}))
+    measured = result_line(done["output"])
+    result: dict[str, Any] = {"command": " ".join(command), "seconds": done["seconds"]}
+    if measured is None:
+        return {
+            **result,
+            "status": FAILED,
+            "reason": f"the check did not finish (exit {done['returncode']})",
+            "output_tail": tail(done["output"]),
+        }
+    return {**result, **measured}
+
+
+# -- 5. elastic kill-and-recover --------------------------------------------------------------
 
 
 def elastic(python: str, gpu_count: int, timeout: float, cpu: bool = False) -> dict[str, Any]:
@@ -448,22 +499,38 @@ def not_checked(reason: str) -> dict[str, Any]:
     return {"status": NOT_CHECKED, "reason": reason}
 
 
+def framework_for(found: dict[str, Any], cpu: bool = False) -> tuple[str | None, str]:
+    """The framework Horovod's checks run on (TensorFlow, the product's, else PyTorch), or None
+    and why neither will do."""
+    hvd = found.get("horovod", {})
+    if not hvd.get("importable"):
+        return None, f"Horovod is not importable: {hvd.get('error', found.get('probe_failed'))}"
+    reasons = []
+    for name, label in (("tensorflow", "TensorFlow"), ("torch", "PyTorch")):
+        framework, built = found.get(name, {}), hvd.get(name, {})
+        if not framework.get("importable"):
+            reasons.append(f"{label} is not importable ({framework.get('error')})")
+        elif "error" in built or not built:
+            reasons.append(f"horovod.{name} is not importable ({built.get('error')})")
+        elif cpu:
+            return name, ""
+        elif not framework.get("gpus"):
+            reasons.append(f"{label} sees no GPU (a CPU build, or CUDA libraries it cannot load)")
+        elif not built.get("nccl_built"):
+            reasons.append(f"horovod.{name} was built without NCCL (HOROVOD_GPU_OPERATIONS=NCCL)")
+        else:
+            return name, ""
+    return None, "; ".join(reasons)
+
+
 def blocker(
     gpus: list[dict[str, Any]], driver: dict[str, Any], found: dict[str, Any]
 ) -> str | None:
     """Why the GPU checks cannot run here, or None."""
     if not gpus:
         return f"no NVIDIA GPU: {driver.get('reason', 'none found')}"
-    tf, hvd = found.get("tensorflow", {}), found.get("horovod", {})
-    if not tf.get("importable"):
-        return f"TensorFlow is not importable: {tf.get('error', found.get('probe_failed'))}"
-    if not tf.get("gpus"):
-        return "TensorFlow sees no GPU (a CPU build, or CUDA/cuDNN libraries it cannot load)"
-    if not hvd.get("importable"):
-        return f"Horovod is not importable: {hvd.get('error')}"
-    if not hvd.get("nccl_built"):
-        return "Horovod was built without NCCL (HOROVOD_GPU_OPERATIONS=NCCL)"
-    return None
+    framework, reason = framework_for(found)
+    return None if framework else reason
 
 
 def check(args: argparse.Namespace) -> dict[str, Any]:
@@ -500,19 +567,30 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
 def run_checks(
     args: argparse.Namespace, found: dict[str, Any], reason: str | None
 ) -> dict[str, Any]:
-    """The sweep and the elastic job, or why each cannot run (``reason``: for neither)."""
-    if reason is not None:
-        return {"allreduce_sweep": not_checked(reason), "elastic_recovery": not_checked(reason)}
+    """The sweep, the NCCL failure check and the elastic job, or why each cannot run
+    (``reason``: for none of them)."""
+    names = ("allreduce_sweep", "nccl_failure", "elastic_recovery")
     cpu = bool(args.cpu_dry_run)
-    gpus = 0 if cpu else len(found.get("tensorflow", {}).get("gpus", []))
+    framework, why = framework_for(found, cpu)
+    if reason is not None or framework is None:
+        return {name: not_checked(reason or why) for name in names}
+    gpus = 0 if cpu else len(found[framework]["gpus"])
     sizes = [int(size) for size in args.sizes_mib.split(",")]
     hvd, ea, etcd = (found.get(name, {}) for name in ("horovod", "elastic_allreduce", "etcd"))
     checks: dict[str, Any] = {}
     if not hvd.get("horovodrun"):
         checks["allreduce_sweep"] = not_checked(f"horovodrun cannot start: {hvd.get('error')}")
     else:
-        checks["allreduce_sweep"] = guarded(sweep, args.python, gpus, sizes, args.timeout, cpu)
-    if not (ea.get("importable") and etcd.get("found")):
+        checks["allreduce_sweep"] = guarded(
+            sweep, args.python, gpus, sizes, args.timeout, cpu=cpu, framework=framework
+        )
+    checks["nccl_failure"] = guarded(nccl_failure, args.python, framework, args.timeout, cpu)
+    if framework != "tensorflow":
+        checks["elastic_recovery"] = not_checked(
+            "elastic-allreduce's training processes are TensorFlow programs and TensorFlow is "
+            f"not usable here ({found.get('tensorflow', {}).get('error')})"
+        )
+    elif not (ea.get("importable") and etcd.get("found")):
         why = ea.get("error") or etcd.get("error")
         checks["elastic_recovery"] = not_checked(f"elastic-run cannot start here: {why}")
     else:
@@ -520,10 +598,10 @@ def run_checks(
     return checks
 
 
-def guarded(check: Any, *args: Any) -> dict[str, Any]:  # noqa: ANN401
-    """``check(*args)``; a bug of this script's while reading the results is a failed check."""
+def guarded(check: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:  # noqa: ANN401
+    """``check(...)``; a bug of this script's while reading the results is a failed check."""
     try:
-        return dict(check(*args))
+        return dict(check(*args, **kwargs))
     except Exception as exc:
         return {"status": FAILED, "reason": f"gpu-check could not read the results: {exc!r}"}
 

@@ -4,6 +4,7 @@ with a stand-in nvidia-smi. The GPU runs themselves need a GPU (docs/gpu.md)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -54,10 +56,10 @@ def test_without_a_gpu_it_says_so_writes_the_report_and_exits_0(tmp_path: Path) 
     assert report["gpus"] == [] and report["driver"]["found"] is False
     assert report["failed"] == []
     assert {c["status"] for c in report["checks"].values()} == {"not checked"}
-    assert len(report["not_checked"]) == 2
+    assert len(report["not_checked"]) == 3
     # What it could still check: the software it would run with.
     assert report["software"]["tensorflow"]["version"] == "2.15.1"
-    assert report["software"]["horovod"]["nccl_built"] is False
+    assert report["software"]["horovod"]["tensorflow"]["nccl_built"] is False
 
 
 FAKE_SMI = """#!/bin/sh
@@ -90,12 +92,70 @@ def test_nvidia_smi_is_read_into_driver_gpus_and_topology(
     ]
     assert topology == "GPU0 X NV18"
     # GPUs, but TensorFlow sees none: the GPU checks are not run, and the report says why.
-    found = {"tensorflow": {"importable": True, "gpus": []}, "horovod": {"importable": True}}
+    found: dict[str, Any] = {
+        "tensorflow": {"importable": True, "gpus": []},
+        "torch": {"importable": False, "error": "ModuleNotFoundError: torch"},
+        "horovod": {"importable": True, "tensorflow": {"nccl_built": False}},
+    }
     assert "TensorFlow sees no GPU" in gpu_check.blocker(gpus, driver, found)
     found["tensorflow"]["gpus"] = ["/physical_device:GPU:0", "/physical_device:GPU:1"]
     assert "without NCCL" in gpu_check.blocker(gpus, driver, found)
-    found["horovod"]["nccl_built"] = True
+    found["horovod"]["tensorflow"]["nccl_built"] = True
     assert gpu_check.blocker(gpus, driver, found) is None
+    assert gpu_check.framework_for(found) == ("tensorflow", "")
+
+
+def test_without_tensorflow_horovods_checks_run_on_pytorch_and_the_elastic_one_does_not() -> None:
+    """The lent device machine's case: PyTorch and a Horovod built against it, no TensorFlow."""
+    found: dict[str, Any] = {
+        "tensorflow": {"importable": False, "error": "ModuleNotFoundError: tensorflow"},
+        "torch": {"importable": True, "gpus": ["NVIDIA H200"]},
+        "horovod": {"importable": True, "torch": {"nccl_built": True}},
+        "elastic_allreduce": {"importable": True},
+        "etcd": {"found": True},
+    }
+    assert gpu_check.framework_for(found) == ("torch", "")
+    found["horovod"]["torch"]["nccl_built"] = False
+    framework, why = gpu_check.framework_for(found)
+    assert framework is None
+    assert "TensorFlow is not importable" in why and "horovod.torch was built without NCCL" in why
+    args = argparse.Namespace(cpu_dry_run=False, sizes_mib="1", timeout=1.0, python="python3")
+    checks = gpu_check.run_checks(args, found, gpu_check.blocker([{"index": 0}], {}, found))
+    assert {c["status"] for c in checks.values()} == {"not checked"}
+    # The elastic job needs TensorFlow even where Horovod's checks can run on PyTorch.
+    found["horovod"]["torch"]["nccl_built"] = True
+    found["horovod"]["horovodrun"] = False  # so that nothing is started here
+    checks = dict(gpu_check.run_checks(args, found, None), nccl_failure=None)
+    assert checks["elastic_recovery"]["status"] == "not checked"
+    assert "TensorFlow programs" in checks["elastic_recovery"]["reason"]
+
+
+FAST = ("--large-mib", "16", "--deadline", "60")
+
+
+def test_the_failure_check_sees_a_killed_peer_fail_the_survivor_which_re_initialises() -> None:
+    """gpu_check_nccl_failure.py on the CPU (Gloo, real processes, a real SIGKILL): the plumbing
+    the GPU run uses, and Horovod's own reset with a new peer in elastic mode."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check_nccl_failure.py"), "--cpu", *FAST],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=ROOT,
+    )
+    report = gpu_check.result_line(done.stdout)
+    assert report is not None, done.stdout + done.stderr
+    assert report["status"] == "ok", report
+    steps = report["steps"]
+    assert steps["reinit_without_failure"]["correct"] == [True, True]
+    for name in ("killed_between_collectives", "killed_inside_collectives"):
+        assert steps[name]["detected"] is True
+        # Gloo's read error, or Horovod's "has been shut down" after it, by timing.
+        assert "Horovod" in steps[name]["error"] or "Read error" in steps[name]["error"]
+    assert steps["reinit_with_a_new_peer"]["sizes"] == [2, 2]
+    assert steps["reinit_with_a_new_peer"]["correct"] == [True, True]
+    assert steps["alone"] == {"size": 1, "correct": True}
 
 
 def test_bus_bandwidth_is_nccl_tests_allreduce_formula() -> None:
