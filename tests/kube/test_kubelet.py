@@ -27,6 +27,7 @@ import ipaddress
 import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -946,7 +947,6 @@ def test_delete_sends_sigterm_then_the_pod_is_gone(
         kubelet.wait_for_log(namespace, "term", "ready")
         sandbox = kubelet.sandbox(namespace, "term")
         assert sandbox is not None and sandbox["netns"] in testhosts.all_namespaces()
-        started = time.monotonic()
         cluster.kubectl("delete", "pod", "term", "--namespace", namespace, "--wait=false")
         pod = watch_until(
             kube,
@@ -958,12 +958,11 @@ def test_delete_sends_sigterm_then_the_pod_is_gone(
             what="the kubelet to report the container terminated",
         )
         assert pod is not None
-        took = time.monotonic() - started
         assert kubelet.wait_for_log(namespace, "term", "got SIGTERM")
-        assert _phase(pod) == "Succeeded"  # it exited 0 on SIGTERM
+        # It stopped on SIGTERM: exit code 0, where the SIGKILL at the grace period's end
+        # (30 s by default) would have made it 137.
+        assert _phase(pod) == "Succeeded"
         assert _container(pod)["state"]["terminated"]["exitCode"] == 0
-        # Well before the default grace period (30 s) ends: it stopped on SIGTERM.
-        assert took < 10.0, f"a process that exits on SIGTERM took {took:.1f} s to stop"
         _wait(
             lambda: sandbox["netns"] not in testhosts.all_namespaces(),
             10.0,
@@ -982,17 +981,24 @@ def test_grace_period_expiry_kills_with_sigkill(
 ) -> None:
     stubborn = textwrap.dedent(
         """
-        import signal, threading
-        signal.signal(signal.SIGTERM, lambda *_: print("ignoring SIGTERM", flush=True))
+        import signal, threading, time
+        termed = threading.Event()
+        def on_term(*_):
+            print("ignoring SIGTERM", flush=True)
+            termed.set()
+        signal.signal(signal.SIGTERM, on_term)
         print("ready", flush=True)
-        threading.Event().wait()
+        termed.wait()
+        since = time.monotonic()
+        while True:  # how long it outlived SIGTERM, by its own clock
+            print(f"alive {time.monotonic() - since:.1f} s after SIGTERM", flush=True)
+            time.sleep(0.2)
         """
     )
     create(kube, POD, namespace, _holding(pod_manifest("stubborn", stubborn)))
     try:
         running(kube, namespace, "stubborn")
         kubelet.wait_for_log(namespace, "stubborn", "ready")
-        started = time.monotonic()
         kube.request(
             "DELETE",
             POD,
@@ -1010,12 +1016,15 @@ def test_grace_period_expiry_kills_with_sigkill(
             what="the kubelet to report the container killed",
         )
         assert pod is not None
-        took = time.monotonic() - started
-        assert "ignoring SIGTERM" in kubelet.log(namespace, "stubborn")
+        log = kubelet.log(namespace, "stubborn")
+        assert "ignoring SIGTERM" in log
         terminated = _container(pod)["state"]["terminated"]
         assert terminated["exitCode"] == 137 and terminated.get("signal") == 9
         assert _phase(pod) == "Failed"
-        assert 3.0 <= took < 15.0, took  # SIGKILL at the end of the 3 s grace period
+        # SIGTERM first, SIGKILL at the end of the requested 3 s, by the process's own clock:
+        # past the kubelet's 2 s minimum grace period, which any shorter request would get.
+        outlived = [float(x) for x in re.findall(r"alive (\d+\.\d) s after SIGTERM", log)]
+        assert outlived and max(outlived) >= 2.2, log[-500:]
     finally:
         _release(kube, namespace, "stubborn")
 

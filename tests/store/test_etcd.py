@@ -157,13 +157,11 @@ def test_watch_resyncs_with_a_full_listing_after_compaction(
 def test_unreachable_endpoint_gives_the_documented_error() -> None:
     port = free_port()
     store = EtcdStore(f"127.0.0.1:{port}", "job-x", request_timeout=2.0)
-    started = time.monotonic()
     with pytest.raises(StoreUnavailableError) as info:
         store.get("members/a")
     message = str(info.value)
     assert message.startswith(f"etcd at 127.0.0.1:{port} is unreachable: ")
     assert message.endswith("start it or pass --etcd HOST:PORT")
-    assert time.monotonic() - started < 10
     with pytest.raises(StoreUnavailableError):
         store.check()
     with pytest.raises(StoreUnavailableError):
