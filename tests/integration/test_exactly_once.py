@@ -220,6 +220,11 @@ def test_every_sample_is_applied_exactly_once_through_a_schedule_of_changes(
             (tmp_path / f"job-{number}.log").write_text("\n".join(each.lines))
     assert code == 0, "\n\n".join(each.tail(40) for each in jobs)
     assert len({json.dumps(e.data["weights"]) for e in job.done()}) == 1, job.tail()
+    # Every change kept the newest commit: a survivor held it, or the last holder handed it to
+    # a newcomer before it left. (A lost state rolls back to an older snapshot or checkpoint,
+    # which the exactly-once audit below accepts, since the rolled-back steps are undone.)
+    lost = [line for line in job.lines if "state lost:" in line]
+    assert not lost, lost
     verdict = run_cli_module(
         "elastic_allreduce.audit", str(audit), "--samples", str(SAMPLES), "--epochs", str(EPOCHS)
     )
