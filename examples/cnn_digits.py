@@ -11,6 +11,7 @@ HxWxC, integer labels).
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -31,7 +32,22 @@ parser.add_argument(
     default=0.0,
     help="an epoch lasts at least this long (a demo's pace: joins and kills land mid-training)",
 )
+parser.add_argument(
+    "--hold-file",
+    help="past --epochs, go on training more epochs while this file exists (at most "
+    "4 x --epochs; the ranks agree at each epoch's end): a demo's way to keep the job training "
+    "until its joins and kills have happened, however slow the machine",
+)
 args = parser.parse_args()
+
+
+def held(epoch: int) -> bool:
+    """Whether to train another epoch past --epochs: every rank asks, in one allreduce, whether
+    the hold file exists (so all of them decide alike)."""
+    if not args.hold_file or epoch >= 4 * args.epochs:
+        return False
+    wanted = 1.0 if os.path.exists(args.hold_file) else 0.0
+    return float(ea.allreduce(tf.constant(wanted))) > 0
 
 
 def load() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -96,7 +112,7 @@ state = ea.State(model, optimizer, epoch=0, position=0, step=0)
 
 @ea.run
 def train(state):
-    while state.epoch < args.epochs:
+    while state.epoch < args.epochs or held(state.epoch):
         began = time.monotonic()
         for batch in data.batches(state):
             train_step(batch.features, batch.labels, tf.constant(batch.loss_scale, tf.float32))

@@ -2,8 +2,9 @@
 
 It starts the job with 2 workers, adds a third with `elastic-run join` after two epochs, kills
 one training process (SIGKILL) once the three train together, and lets the job finish. Epochs
-last at least EPOCH_SECONDS so that both changes land while it trains, however long the joiner
-takes to start; the demo fails unless the job trained on at 2 ranks after the kill. It shows the
+last at least EPOCH_SECONDS, and training goes on past EPOCHS while the demo holds it
+(`cnn_digits.py --hold-file`) until both changes have landed, however long the joiner takes to
+start; the demo fails unless the job trained on at 2 ranks after the kill. It shows the
 job's own output (every line names job, ring epoch, rank and slot), then the final accuracy and
 the verdict of the sample audit: every digit used exactly once per epoch despite the changes.
 """
@@ -106,11 +107,15 @@ def start_joiner(etcd: str, job_id: str, env: dict[str, str], lines: Output):
 def main() -> int:
     audit = Path(tempfile.mkdtemp(prefix="elastic-allreduce-demo-audit-"))
     env = {**os.environ, "ELASTIC_ALLREDUCE_SAMPLE_LOG": str(audit)}
+    # Training goes on past EPOCHS while this file exists: removed once the story is told, so
+    # that a slow joiner (a loaded machine) still joins and the kill still lands mid-training.
+    hold = audit.parent / f"{audit.name}.hold"
+    hold.touch()
     command = [
         str(BIN / "elastic-run"),
         *("--standalone", "--workers", "2", "--max-workers", "3", "--max-restarts", "0"),
         *("--", "python", str(ROOT / "examples" / "cnn_digits.py"), "--epochs", str(EPOCHS)),
-        *("--min-epoch-seconds", str(EPOCH_SECONDS)),
+        *("--min-epoch-seconds", str(EPOCH_SECONDS), "--hold-file", str(hold)),
     ]
     banner("starting 2 workers: " + " ".join(command[1:]))
     started = time.monotonic()
@@ -135,10 +140,12 @@ def main() -> int:
             lambda s: epoch_report(s, size=2, at_least=after), 120, "training on at 2 ranks", job
         )
         banner("the job trains on at 2 ranks: " + trained_on.split("] ", 1)[-1])
+        hold.unlink()
         code = job.wait(timeout=300)
         joiner.wait(timeout=60)
         reader.join(timeout=10)
     finally:
+        hold.unlink(missing_ok=True)
         for proc in (job, joiner):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
@@ -148,7 +155,8 @@ def main() -> int:
     for line in lines:
         if "launcher]" in line and any(w in line for w in ("joined", "crashed", "running with")):
             print("  " + line.split("launcher] ", 1)[-1])
-    banner("sample audit: every training digit exactly once per epoch?")
+    epochs = max((r.get("epoch", 0) for r in map(rank0_report, lines) if r), default=EPOCHS)
+    banner(f"sample audit: every training digit exactly once in each of the {epochs} epochs?")
     from sklearn.datasets import load_digits
 
     samples = int(0.8 * len(load_digits().images))
@@ -161,7 +169,7 @@ def main() -> int:
             "--samples",
             str(samples),
             "--epochs",
-            str(EPOCHS),
+            str(epochs),
         ],
         check=False,
         cwd=ROOT,

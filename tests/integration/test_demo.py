@@ -73,7 +73,10 @@ def test_the_demo_trains_through_a_join_and_a_kill_to_a_good_accuracy() -> None:
     assert "=== demo: the job trains on at 2 ranks:" in output, output[-5000:]
     accuracy = float(output.split("\nfinal test accuracy: ", 1)[1].split()[0])
     assert accuracy >= 0.95
-    assert output.count("0 missing, 0 duplicated: ok") == 12
+    # 12 epochs, or more where the demo held training until its join and kill had landed.
+    epochs = int(output.split("exactly once in each of the ", 1)[1].split()[0])
+    assert epochs >= 12
+    assert output.count("0 missing, 0 duplicated: ok") == epochs
     assert output.rstrip().endswith("=== demo: all good")
 
 
