@@ -870,7 +870,17 @@ class RingPolicy:
 
     # -- exits -------------------------------------------------------------------------------
 
-    def _on_exit(self, exit_: Exit, view: JobView) -> list[Decision]:  # noqa: PLR0911
+    def _on_exit(self, exit_: Exit, view: JobView) -> list[Decision]:
+        pending = self.lost_pending.get(exit_.slot)
+        if pending is None or pending[0] != exit_.incarnation:
+            return self._handle_exit(exit_, view)
+        # Its lease was seen gone before its agent's exit report (a slow agent, a loaded
+        # machine): the report says what happened. The crash was counted with the lost lease.
+        del self.lost_pending[exit_.slot]
+        self.handled_exits.discard((exit_.slot, exit_.incarnation))
+        return [d for d in self._handle_exit(exit_, view) if not isinstance(d, MembershipChange)]
+
+    def _handle_exit(self, exit_: Exit, view: JobView) -> list[Decision]:  # noqa: PLR0911
         key = (exit_.slot, exit_.incarnation)
         if key in self.handled_exits:
             return []
@@ -1040,6 +1050,8 @@ class RingPolicy:
             for slot in self.ring.slots
             if slot in view.procs
             and view.procs[slot].incarnation == self.member_incarnations.get(slot)
+            # An exit reported before its process's record went is no survivor either.
+            and (slot, view.procs[slot].incarnation) not in self.handled_exits
             and self._usable(slot, view)
         )
 
@@ -1170,6 +1182,7 @@ class RingPolicy:
                 if slot not in target
                 and (proc := view.procs.get(slot)) is not None
                 and proc.incarnation == before.get(slot)
+                and (slot, proc.incarnation) not in self.handled_exits  # crashed, not left
             )
             decisions += [Log(f"slot {slot} leaves the ring") for slot in leavers]
             if leavers:

@@ -22,6 +22,7 @@ from launcher.policy import (
     JobView,
     Log,
     Member,
+    MembershipChange,
     NotifyWorkers,
     Proc,
     ReleaseWaiters,
@@ -227,6 +228,50 @@ def test_a_lost_lease_replaces_the_hung_process_once_its_node_outlives_the_ttl()
     decisions = step(policy, world)
     assert SetDirective("n1", ((0, 2),)) in decisions
     assert policy.restarts_used == 1
+
+
+def test_an_exit_report_after_the_lease_loss_says_why_and_is_charged_once() -> None:
+    """A loaded machine's order: the process's lease is gone before its agent's exit report
+    (the make test run of 2026-12-04 failed with 'lost its lease' instead of the script's error)."""
+    policy, world, _ = started_job(count=1, max_restarts=1, wait_timeout=5.0, lease_ttl=3)
+    for incarnation in (1, 2):
+        del world.procs["n0.0"]  # the lease went first
+        decisions = step(policy, world)
+        assert any("slot n0.0 lost its lease" in d.message for d in of(Log, decisions))
+        assert len(of(MembershipChange, decisions)) == 1  # the crash, counted here
+        world.now += 1.0
+        world.exits.append(Exit("n0.0", incarnation, 1, None, ("Traceback", "ValueError: boom")))
+        decisions = step(policy, world)
+        # Handled as the crash it was, at once (not after the TTL), and counted once.
+        assert any("crashed: exit code 1" in d.message for d in of(Log, decisions))
+        assert of(MembershipChange, decisions) == []
+        if incarnation == 1:
+            assert SetDirective("n0", ((0, 2),)) in decisions
+            assert policy.restarts_used == 1
+            world.now += 10.0  # past the TTL and grace: the lost lease is not charged again
+            assert of(SetDirective, step(policy, world)) == []
+            world.add_node("n0", incarnation=2)
+            assert answers(step(policy, world)) == {"n0.0": 0}
+    assert any("no restarts left" in d.message for d in of(Log, decisions))
+    world.now += 6.0
+    finish = of(FinishJob, step(policy, world))
+    assert len(finish) == 1 and not finish[0].succeeded
+    assert "ValueError: boom" in finish[0].reason and "lost its lease" not in finish[0].reason
+    assert policy.restarts_used == 1
+
+
+def test_an_exit_report_before_the_process_record_goes_re_forms_once_without_it() -> None:
+    """The other order (the in-process launcher test saw it on a loaded machine: a failure
+    epoch that still named the crashed slot, then a second one without it)."""
+    policy, world, slots = started_job(max_restarts=1)
+    proc = world.procs[slots[0]]
+    world.kill(slots[0], code=1, signal=None)
+    world.procs[slots[0]] = proc  # its record is still there, under a lease not yet revoked
+    decisions = step(policy, world)
+    ring = of(WriteRing, decisions)[-1].ring
+    assert (ring.epoch, ring.cause, ring.slots) == (2, "failure", ("n1.0", "n2.0"))
+    del world.procs[slots[0]]
+    assert of(WriteRing, step(policy, world)) == []  # no second re-form when it goes
 
 
 def test_a_node_cut_off_from_etcd_costs_no_restart() -> None:
