@@ -11,7 +11,7 @@ import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bench import soak_report
 
@@ -40,7 +40,19 @@ LIMITS = {
         "joiner's hvd.init() take a fraction of it; the rest is the joiner running the script's "
         "code after hvd.init() in a cold process (building the model, the state, the first "
         "tf.function trace), while every other rank waits for it in the state broadcast and "
-        "the first allreduce: that wait is the pause the survivors see."
+        "the first allreduce: that wait is the pause the survivors see. This row is the cold "
+        "joiner, the baseline: `--warm-join` moves that work before the joiner asks to join "
+        "(the rows below it)."
+    ),
+    "scaleup_warm_plain": (
+        "With --warm-join the joiner's set-up happens before it is ready; what is left is the "
+        "survivors' reset (shutdown and init of Horovod, the state broadcast) and the first "
+        "steps in the new ring: see the rows of the table with --warm-join."
+    ),
+    "scaleup_warm_ea_state": (
+        "With --warm-join the joiner's set-up happens before it is ready; what is left is the "
+        "survivors' reset (shutdown and init of Horovod, the state broadcast) and the first "
+        "steps in the new ring: see the rows of the table with --warm-join."
     ),
     "partition": (
         "A cut host sends nothing and fails nothing: it is noticed only when its leases in etcd "
@@ -319,8 +331,41 @@ def _faults(item: dict[str, Any]) -> list[str]:
         f"Targets: scale-up <= {scaleup['target_s']:g} s and pause <= "
         f"{scaleup['pause_target_s']:g} s: {_met(scaleup['met'])}.",
         "",
+        *_warm_scaleup(item.get("scaleup_warm")),
     ]
     return lines
+
+
+#: The jobs of item 4 with --warm-join, as the report names them.
+WARM_JOBS: Final = (("plain", "plain Horovod script + warm_up"), ("ea_state", "ea.State script"))
+
+
+def _warm_scaleup(warm: dict[str, Any] | None) -> list[str]:
+    """Item 4 with --warm-join, next to the cold joiner above (none for older results)."""
+    if not warm:
+        return []
+    parts = [(warm[key], name) for key, name in WARM_JOBS if key in warm]
+    rows = [
+        [what, *(_stat(part.get(key)) for part, _ in parts)]
+        for key, what in (
+            ("elastic_run", "ready -> all ranks stepping at the new size"),
+            ("from_registration", "registration -> all stepping (includes the warm-up)"),
+            ("pause", "pause of the existing ranks (longest gap between two steps)"),
+            ("survivors_reset", "from ready: survivors re-initialised"),
+            ("joiner_first_step", "from ready: joiner's first step in the ring"),
+        )
+    ]
+    return [
+        "With `--warm-join`, in two more jobs of the same kind (SIGKILLs only): "
+        f"{warm['what']}. The restarted process builds its model and traces its step at a ring "
+        "of one before it asks to join; the others train on meanwhile.",
+        "",
+        *_table(["what", *(name for _, name in parts)], rows),
+        "",
+        f"Targets with --warm-join: scale-up <= {warm['target_s']:g} s and pause <= "
+        f"{warm['pause_target_s']:g} s: {_met(warm['met'])}.",
+        "",
+    ]
 
 
 def _hang_target(hang: dict[str, Any]) -> str:
@@ -818,6 +863,25 @@ def _multihost_check(item: dict[str, Any]) -> list[tuple[str, str, bool | None, 
     return [("partition", title, part["met"], figure)]
 
 
+def _scaleup_checks(
+    title: str, cold: dict[str, Any], warm: dict[str, Any] | None
+) -> list[tuple[str, str, bool, str]]:
+    """Item 4's rows of the targets: the cold joiner, and with --warm-join (when measured) the
+    rows that the target is for, the cold one being their baseline."""
+    figure = f"{_stat(cold['elastic_run'])}; pause {_stat(cold['pause'])}"
+    if not warm:
+        return [("scaleup", title, cold["met"], figure)]
+    checks = [("scaleup", title, cold["met"], figure + " (cold joiner)")]
+    for name, label in WARM_JOBS:
+        if name in warm:
+            part = warm[name]
+            figure = (
+                f"{_stat(part['elastic_run'])}; pause {_stat(part['pause'])} (--warm-join, {label})"
+            )
+            checks.append((f"scaleup_warm_{name}", title, part["met"], figure))
+    return checks
+
+
 def _misses(items: dict[str, Any]) -> list[str]:
     checks = []
     throughput = items.get("throughput", {})
@@ -840,7 +904,8 @@ def _misses(items: dict[str, Any]) -> list[str]:
             part = faults[key]
             figure = _stat(part["elastic_run"])
             if key == "scaleup":
-                figure += f"; pause {_stat(part['pause'])}"
+                checks += _scaleup_checks(title, part, faults.get("scaleup_warm"))
+                continue
             if key == "hang" and part.get("target_stat") == "median":
                 figure += (
                     f" (target: median <= {part['target_s']:g} s); SIGKILL: median "

@@ -37,6 +37,7 @@ _WORKER_NAMES = frozenset(
         "run",
         "shutdown",
         "size",
+        "warm_up",
     }
 )
 

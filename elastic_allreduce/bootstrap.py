@@ -8,7 +8,10 @@ The agent runs every training process through this module, which
 2. imports TensorFlow and Horovod -- the slow part -- *before* saying it is ready, so that once
    its epoch starts it reaches ``hvd.init()`` in moments;
 3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
-   Horovod's rank variables and ``HOROVOD_ELASTIC=1`` (re-initialisations then ask the launcher);
+   Horovod's rank variables and ``HOROVOD_ELASTIC=1`` (re-initialisations then ask the launcher)
+   -- except a warm joiner (``--warm-join`` and a ring without its slot), which runs the script
+   at once as a ring of one and does this when the script enters its elastic run
+   (:mod:`elastic_allreduce.warm`);
    every client of the process, Horovod's included, reaches the launcher through a relay of
    the process on IPv4 loopback that adds the launcher's token (and reaches an IPv6 launcher,
    which Horovod's own clients cannot: :mod:`elastic_allreduce.rendezvous.relay`); the process
@@ -343,11 +346,13 @@ def _progress_interval() -> float:
 FOLLOW_TIMEOUT: Final = 60.0
 
 
-def _wait_for_first_epoch(follower: LeaderFollower, relay: str, slot: str) -> protocol.Admission:
+def _wait_for_first_epoch(
+    follower: LeaderFollower, relay: str, slot: str, *, warm: bool = False
+) -> protocol.Admission:
     """Wait at the launcher's readiness barrier (through the relay) for this slot's first
     epoch; when the launcher goes away meanwhile and another takes the job over, wait again at
-    the new one's (the relay follows it)."""
-    url = protocol.ready_url(relay, slot)
+    the new one's (the relay follows it). ``warm``: a warm joiner's barrier."""
+    url = protocol.ready_url(relay, slot, warm=warm)
     while True:
         asked = follower.endpoint
         try:
@@ -401,31 +406,77 @@ def main(argv: Sequence[str] | None = None) -> int:
     follower.start(store)
     relay = horovod_rendezvous.relay
     assert relay is not None  # made by follower.start
-    admission = _wait_for_first_epoch(follower, relay.address, slot)
-    if not admission.admitted:
-        print(f"slot {slot}: not admitted to any ring epoch; exiting", file=sys.stderr)
-        return NOT_ADMITTED_EXIT_CODE
-    ranks = admission.assignment.as_tuple()
-    for name, value in zip(env.HOROVOD_RANK_VARIABLES, ranks, strict=True):
-        os.environ[name] = str(value)
-    os.environ[env.RING_EPOCH] = str(admission.epoch)
-    os.environ["HOROVOD_ELASTIC"] = "1"
-    registration.update(
-        replace(registration.record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
-    )
-
-    if protocol.is_ipv6(host):
-        ipv6.serve_notifications_over_ipv6(host, port)
     gloo = GlooSockets({port, relay.port, *(etcd.port for etcd in store.endpoints)}, (relay.port,))
-    guard = RingGuard(store, slot, admission.epoch, gloo)
-    guard.start()
-    Beacon(relay.address, slot, record.incarnation, _progress_interval()).start()
-    capture_registration()
+    admit = Admission(store, slot, record, registration, follower, relay.address, host, port, gloo)
+    if os.environ.get(env.WARM_JOIN) == "1" and _joins_a_running_ring(store, slot):
+        # The script runs at once as a ring of one; its elastic run asks to join (warm.join).
+        from elastic_allreduce import hooks, warm  # noqa: PLC0415 - imports TensorFlow
+
+        warm.defer(replace(admit, warm=True))
+        hooks.install(store, gloo)
+        return _run_script(args, registration)
+    try:
+        admit()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 
     hooks.install(store, gloo)
 
     return _run_script(args, registration)
+
+
+def _joins_a_running_ring(store: EtcdStore, slot: str) -> bool:
+    """Whether the job has a ring of which this slot is not a member: its ranks train (or
+    re-form) without this process, which then warms up before it joins (--warm-join)."""
+    try:
+        stored = store.get(keys.RING)
+        ring = None if stored is None else Ring.from_json(stored.key, stored.value)
+    except ElasticAllreduceError as exc:
+        log.warning("slot %s: could not read the ring (%s); joining without a warm-up", slot, exc)
+        return False
+    return ring is not None and slot not in ring.slots
+
+
+@dataclass
+class Admission:
+    """This process's admission to its first ring epoch (called once): wait at the launcher's
+    readiness barrier, then set Horovod's rank variables and start what needs the epoch (the
+    ring guard, the progress beacon). Exits with NOT_ADMITTED_EXIT_CODE when not admitted."""
+
+    store: EtcdStore
+    slot: str
+    record: ProcRecord
+    registration: Registration
+    follower: LeaderFollower
+    relay: str
+    host: str
+    port: int
+    gloo: GlooSockets
+    #: A warm joiner's admission (elastic_allreduce.warm), after its ring of one.
+    warm: bool = False
+
+    def __call__(self) -> int:
+        """Wait for the first ring epoch; its number."""
+        admission = _wait_for_first_epoch(self.follower, self.relay, self.slot, warm=self.warm)
+        if not admission.admitted:
+            print(f"slot {self.slot}: not admitted to any ring epoch; exiting", file=sys.stderr)
+            raise SystemExit(NOT_ADMITTED_EXIT_CODE)
+        ranks = admission.assignment.as_tuple()
+        for name, value in zip(env.HOROVOD_RANK_VARIABLES, ranks, strict=True):
+            os.environ[name] = str(value)
+        os.environ[env.RING_EPOCH] = str(admission.epoch)
+        os.environ["HOROVOD_ELASTIC"] = "1"
+        registration = self.registration
+        registration.update(
+            replace(registration.record, phase=ProcPhase.TRAINING, epoch=admission.epoch)
+        )
+        if protocol.is_ipv6(self.host):
+            ipv6.serve_notifications_over_ipv6(self.host, self.port)
+        RingGuard(self.store, self.slot, admission.epoch, self.gloo).start()
+        Beacon(self.relay, self.slot, self.record.incarnation, _progress_interval()).start()
+        capture_registration()
+        return admission.epoch
 
 
 def _outage_timeout() -> float:

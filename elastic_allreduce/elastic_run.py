@@ -10,7 +10,8 @@ op by that name, so a peer's crash during it ends training early and silently: t
 
 :func:`run` classifies the error instead: a TensorFlow error whose message comes from Horovod or
 its transports (Gloo, NCCL) is a failed collective and becomes ``HorovodInternalError``; any
-other error propagates unchanged -- never dropped. The bootstrap installs it as
+other error propagates unchanged -- never dropped. A warm joiner (``--warm-join``) joins the
+ring when it enters :func:`run` (:mod:`elastic_allreduce.warm`). The bootstrap installs it as
 ``hvd.elastic.run`` too (:mod:`elastic_allreduce.hooks`), for plain Horovod scripts.
 """
 
@@ -25,6 +26,8 @@ import horovod.tensorflow.elastic as hvd_elastic
 import tensorflow as tf
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
+
+from elastic_allreduce import warm
 
 _T = TypeVar("_T")
 
@@ -63,5 +66,12 @@ def run(func: Callable[..., _T]) -> Callable[..., _T]:
     def reset() -> None:
         hvd_elastic._reset()
 
-    result: Callable[..., _T] = run_fn(wrapper, reset)
-    return result
+    elastic: Callable[..., _T] = run_fn(wrapper, reset)
+
+    @functools.wraps(func)
+    def entry(state: Any, *args: Any, **kwargs: Any) -> _T:  # noqa: ANN401
+        # A warm joiner (--warm-join) asks to join here, before the first sync.
+        warm.join(state)
+        return elastic(state, *args, **kwargs)
+
+    return entry

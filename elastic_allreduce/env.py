@@ -107,6 +107,10 @@ SAMPLE_LOG: Final = "ELASTIC_ALLREDUCE_SAMPLE_LOG"
 #: Seconds between a training process's progress reports to the launcher (default 1; 0: none,
 #: and the hang watchdog then cannot see the process -- for measuring the reports' cost).
 PROGRESS_INTERVAL: Final = "ELASTIC_ALLREDUCE_PROGRESS_INTERVAL"
+#: Seconds between the ranks' host-update votes at commits (default 0.5; 0: at every commit).
+HOST_CHECK_INTERVAL: Final = "ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL"
+#: "1": the process warms up at a ring of one before it asks to join (``--warm-join``).
+WARM_JOIN: Final = "ELASTIC_ALLREDUCE_WARM_JOIN"
 
 #: NCCL's, TensorFlow's and the NVIDIA container runtime's variables that the Kubernetes
 #: manifests set (launcher/k8s/manifests.py; why: docs/gpu.md): the interface NCCL's sockets

@@ -25,6 +25,11 @@ def ring_epoch() -> int:
     return _epoch[0]
 
 
+def set_ring_epoch(epoch: int) -> None:
+    """The ring epoch this process was admitted to (a warm joiner, when it joins)."""
+    _epoch[:] = [epoch]
+
+
 def refresh_ring_epoch() -> int:
     """Ask the launcher which epoch this process was admitted to (after a reset)."""
     address = os.environ.get(env.HOROVOD_RENDEZVOUS_ADDR)

@@ -68,6 +68,7 @@ from elastic_allreduce import (
     state_snapshots,
     sync,
     tensorboard,
+    warm,
 )
 from elastic_allreduce.audit import SampleLog
 from elastic_allreduce.checkpoint import CheckpointDir
@@ -96,6 +97,7 @@ rank = hvd.rank
 size = hvd.size
 local_rank = hvd.local_rank
 allreduce = hvd.allreduce
+warm_up = warm.warm_up
 
 
 def DistributedGradientTape(tape: tf.GradientTape, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
@@ -418,7 +420,11 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             # This slot's folder, written by this process only: a killed predecessor's staging
             # leftover goes now (it holds shared memory).
             self._snapshots.prepare()
-        if self._checkpoints is not None and hvd.rank() == 0:
+        #: Whether rank 0 has cleaned the checkpoint folder up (if this is rank 0): a warm
+        #: joiner is rank 0 of a ring of its own until it joins, and does it then (at its
+        #: first reset) if it is rank 0 of the ring (elastic_allreduce.warm).
+        self._checkpoint_folder_checked = not warm.provisional()
+        if self._checkpoint_folder_checked and self._checkpoints is not None and hvd.rank() == 0:
             # The only writer: a crashed writer's staging leftovers go now.
             self._checkpoints.prepare()
         self._load_newest()
@@ -500,6 +506,10 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     def on_reset(self) -> None:
         """After Horovod re-initialised: learn the new ring epoch, then run reset callbacks."""
         epoch = runtime.refresh_ring_epoch()
+        if not self._checkpoint_folder_checked and self._checkpoints is not None:
+            self._checkpoint_folder_checked = True
+            if hvd.rank() == 0:
+                self._checkpoints.prepare()
         super().on_reset()
         size = hvd.size()
         if self._on_resize is not None and size != self._size:
@@ -668,6 +678,7 @@ __all__ = [
     "run",
     "shutdown",
     "size",
+    "warm_up",
 ]
 
 

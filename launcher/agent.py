@@ -206,6 +206,7 @@ class Agent:
         self._prober = Prober(lambda unreachable: self._events.put(_Reach(unreachable)))
         self._listener: ProbeListener | None = None
         self._outage_timeout = 0.0
+        self._warm_join = False
         self._next_standing = 0.0
         self._standing: NodeStanding | None = None
         self._next_outage_note = 0.0
@@ -256,6 +257,7 @@ class Agent:
         job_settings = JobConfig.from_json(raw.key, raw.value).settings
         max_workers = job_settings.max_workers
         self._outage_timeout = self.store.outage_timeout = job_settings.outage_timeout
+        self._warm_join = job_settings.warm_join
         # Before registering: a SIGTERM right after registration must be a graceful leave.
         signal.signal(signal.SIGTERM, self._on_sigterm)
         listener = self._listener = ProbeListener(settings.host)
@@ -770,6 +772,9 @@ class Agent:
             }
         )
         child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        child_env.pop(env.WARM_JOIN, None)
+        if self._warm_join:
+            child_env[env.WARM_JOIN] = "1"
         if settings.checkpoint_dir:
             child_env[env.CHECKPOINT_DIR] = settings.checkpoint_dir
             child_env[env.KEEP_CHECKPOINTS] = str(settings.keep_checkpoints)

@@ -88,6 +88,8 @@ class JobOptions:
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR
     #: What is done with a straggler.
     straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
+    #: Training processes warm up at a ring of one before they ask to join.
+    warm_join: bool = False
 
 
 def new_job_id() -> str:
@@ -263,6 +265,15 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         "stop its node and start another in its place, when the ring would step faster "
         "without it and keeps --min-workers meanwhile (nodes the launcher started only)",
     )
+    group.add_argument(
+        "--warm-join",
+        action="store_true",
+        help="each training process runs its script up to its elastic run (ea.run or "
+        "hvd.elastic.run) and the step given to elastic_allreduce.warm_up at a ring of one, "
+        "and only then asks to join: the running ranks go on training meanwhile instead of "
+        "waiting for a cold newcomer. For scripts whose code before that run does no "
+        "collectives and nothing that needs the real rank or size (docs/architecture.md)",
+    )
 
 
 def add_command(parser: argparse.ArgumentParser) -> None:
@@ -305,6 +316,7 @@ def job_options(
     on_state_loss: OnStateLoss | str = DEFAULT_ON_STATE_LOSS,
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
     straggler_policy: StragglerPolicy | str = StragglerPolicy.REPORT,
+    warm_join: bool = False,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -329,6 +341,7 @@ def job_options(
             on_state_loss=_choice(OnStateLoss, on_state_loss, "--on-state-loss"),
             straggler_factor=float(straggler_factor),
             straggler_policy=_choice(StragglerPolicy, straggler_policy, "--straggler-policy"),
+            warm_join=bool(warm_join),
         )
     )
 
@@ -369,6 +382,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         on_state_loss=args.on_state_loss,
         straggler_factor=args.straggler_factor,
         straggler_policy=args.straggler_policy,
+        warm_join=args.warm_join,
     )
 
 
@@ -478,6 +492,7 @@ def job_settings(options: JobOptions) -> JobSettings:
         on_state_loss=options.on_state_loss,
         straggler_factor=options.straggler_factor,
         straggler_policy=options.straggler_policy,
+        warm_join=options.warm_join,
     )
 
 
@@ -525,6 +540,8 @@ def to_args(options: JobOptions) -> list[str]:
         args += ["--straggler-factor", _number(options.straggler_factor)]
     if options.straggler_policy is not StragglerPolicy.REPORT:
         args += ["--straggler-policy", options.straggler_policy.value]
+    if options.warm_join:
+        args.append("--warm-join")
     return [*args, "--", *options.command]
 
 

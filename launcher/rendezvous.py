@@ -9,6 +9,9 @@ reply encodings are defined there, once, for this server and its clients):
   member that never arrives would abort its peers inside Gloo).
 * ``elastic_ready`` -- the same barrier for a fresh process (our bootstrap), which Horovod would
   not ask because its first ``hvd.init()`` reads the ranks from the environment.
+  ``elastic_warm_ready`` is the barrier of a warm joiner (``--warm-join``), whose Horovod ran as
+  a ring of one before: its ``hvd.init()`` in the ring then asks ``rank_and_size``, answered
+  at once with the same ranks (not a reset) while its epoch is the newest.
 * ``elastic_epoch`` -- the ring epoch the slot was last admitted to; a worker asks after each
   reset, since Horovod keeps the answer of ``rank_and_size`` to itself.
 * ``worker_addresses`` -- a worker's notification service; the launcher uses it to send
@@ -80,12 +83,20 @@ class ReadinessBoard:
         self._answers: dict[str, Admission] = {}
         #: The epoch each slot was last admitted to (what ``GET /elastic_epoch/<slot>`` says).
         self._admitted: dict[str, int] = {}
+        #: Warm joiners admitted and not yet initialised in their epoch: their admission.
+        self._warm: dict[str, Admission] = {}
+        #: The newest epoch any slot was admitted to.
+        self._newest = 0
         self._on_change = on_change
         self._closed = False
 
-    def wait(self, slot: str, kind: WaitKind, timeout: float) -> Admission:
-        """Register ``slot`` as ready and block until answered (REMOVED after ``timeout``)."""
+    def wait(self, slot: str, kind: WaitKind, timeout: float, *, warm: bool = False) -> Admission:
+        """Register ``slot`` as ready and block until answered (REMOVED after ``timeout``).
+
+        ``warm``: a warm joiner's barrier; its next RESET request in the epoch it is admitted
+        to is answered at once with the same ranks (:meth:`warm_init`)."""
         with self._cond:
+            self._warm.pop(slot, None)
             self._answers.pop(slot, None)
             self._waiting[slot] = kind
         self._on_change()
@@ -98,6 +109,8 @@ class ReadinessBoard:
                 self._cond.wait(remaining)
             self._waiting.pop(slot, None)
             answer = self._answers.pop(slot, None)
+            if warm and answer is not None and answer.admitted:
+                self._warm[slot] = answer
         if answer is None:
             log.warning(
                 "slot %s: no epoch formed within %.0f s; telling it to leave", slot, timeout
@@ -105,6 +118,17 @@ class ReadinessBoard:
             self._on_change()
             return Admission(-1, REMOVED)
         return answer
+
+    def warm_init(self, slot: str) -> Admission | None:
+        """A warm joiner's first ``rank_and_size`` in the epoch it was admitted to: its
+        admission, once (Horovod asks because it was initialised before, as a ring of one);
+        None for every other request, which waits as a reset -- also when a newer epoch
+        started meanwhile, of which the warm joiner is a member like any other."""
+        with self._cond:
+            admission = self._warm.pop(slot, None)
+            if admission is None or admission.epoch != self._newest:
+                return None
+            return admission
 
     def waiting(self) -> Mapping[str, WaitKind]:
         """Slots waiting now, with how they asked."""
@@ -119,6 +143,7 @@ class ReadinessBoard:
                     self._answers[slot] = answer
                     if answer.admitted:
                         self._admitted[slot] = answer.epoch
+                        self._newest = max(self._newest, answer.epoch)
             self._cond.notify_all()
 
     def admitted_epoch(self, slot: str) -> int | None:
@@ -375,15 +400,19 @@ def _make_handler(service: RendezvousService) -> type[RendezvousHandler]:
         def _get_value(self, scope: str, key: str) -> bytes | None:
             if scope == protocol.RANK_AND_SIZE:
                 slot = protocol.slot_of_worker_key(key)
-                answer = service.board.wait(slot, WaitKind.RESET, service.wait_timeout)
+                answer = service.board.warm_init(slot) or service.board.wait(
+                    slot, WaitKind.RESET, service.wait_timeout
+                )
                 return protocol.encode_assignment(answer.assignment)
             if scope == protocol.ELASTIC_EPOCH:
                 epoch = service.board.admitted_epoch(key)
                 return None if epoch is None else protocol.encode_epoch(epoch)
             if scope == protocol.NODE_STANDING:
                 return service.standing(key).encode()
-            if scope == protocol.ELASTIC_READY:
-                answer = service.board.wait(key, WaitKind.FRESH, service.wait_timeout)
+            if scope in (protocol.ELASTIC_READY, protocol.WARM_READY):
+                answer = service.board.wait(
+                    key, WaitKind.FRESH, service.wait_timeout, warm=scope == protocol.WARM_READY
+                )
                 return protocol.encode_admission(answer)
             value: bytes | None = super()._get_value(scope, key)
             return value

@@ -457,3 +457,35 @@ def test_the_observability_rounds_are_called_noisy_only_for_other_work() -> None
     busy = report._observability_load({"load_average": {"start": 7.65, "end": 12.7}, "cores": 2})
     assert "busier" not in quiet[0] and "3.50 after them (their own jobs included)." in quiet[0]
     assert "other work kept the machine busier than its 2 cores" in busy[0]
+
+
+def test_the_warm_join_scale_up_is_shown_next_to_the_cold_joiner_it_is_measured_against() -> None:
+    results = synthetic()
+    warm = {
+        "elastic_run": summarize([0.45, 0.5]),
+        "from_registration": summarize([6.0]),
+        "pause": summarize([0.4, 0.45]),
+        "step_interval": summarize([0.01]),
+        "survivors_reset": summarize([0.3]),
+        "joiner_first_step": summarize([0.45, 0.5]),
+        "met": True,
+    }
+    slow_pause = {**warm, "pause": summarize([0.7]), "met": False}
+    results["items"]["faults"]["scaleup_warm"] = {
+        "what": "warm",
+        "plain": slow_pause,
+        "ea_state": warm,
+        "target_s": 2.0,
+        "pause_target_s": 0.5,
+        "met": False,
+    }
+    text = report.render_markdown(results, png_link=None)
+    assert "| what | plain Horovod script + warm_up | ea.State script |" in text
+    assert "| pause of the existing ranks (longest gap between two steps) | 0.700 s" in text
+    assert "(cold joiner) | **missed** |" in text
+    assert "(--warm-join, ea.State script) | met |" in text
+    assert "(--warm-join, plain Horovod script + warm_up) | **missed** |" in text
+    assert "Targets with --warm-join: scale-up <= 2 s and pause <= 0.5 s: **missed**." in text
+    _check_tables(text)
+    # Results from before the warm join render as before.
+    assert "warm_up" not in report.render_markdown(synthetic(), png_link=None)

@@ -13,6 +13,12 @@ the running ring again and again. Each fault gives
   its cold TensorFlow import);
 * pause: the longest gap between two consecutive steps of a survivor across the resize.
 
+The same SIGKILL-and-restart schedule runs again in two jobs with ``--warm-join`` (the restarted
+process builds its model and traces its step at a ring of one before it asks to join): the plain
+Horovod script with one added line (its step given to ``elastic_allreduce.warm_up``), and the
+same script on ``elastic_allreduce.State``. There "ready" (the resize epoch) comes after the
+warm-up.
+
 horovodrun: its elastic mode, 3 workers on distinct host aliases, SIGKILL of rank 2 (see
 bench/horovodrun_baseline.py), at the default Gloo timeout and at 5 s; a fresh job per trial.
 """
@@ -226,18 +232,26 @@ def _fault(
     return result, hit_at
 
 
-def elastic_run_faults(ctx: Context, schedule: list[str]) -> list[dict[str, Any]]:
-    """Run the fault schedule on one elastic-run job of 3 workers; one result per fault."""
-    job_id = ctx.job_id("faults")
+def elastic_run_faults(
+    ctx: Context, schedule: list[str], *, warm: bool = False, ea_state: bool = False
+) -> list[dict[str, Any]]:
+    """Run the fault schedule on one elastic-run job of 3 workers; one result per fault.
+    ``warm``: the job has --warm-join and the script warms its step up; ``ea_state``: the
+    script's state is elastic_allreduce.State."""
+    job_id = ctx.job_id("faults-warm" if warm else "faults")
     results = []
+    flags: tuple[str, ...] = ("--warm-join",) if warm else ()
+    extra: tuple[str, ...] = ("--warm-up",) if warm else ()
+    if ea_state:
+        extra += ("--ea-state",)
     with (
         EtcdStore(ctx.endpoints, job_id) as store,
         ElasticRunJob(
             ctx.endpoints,
             job_id,
-            flags=("--workers", "3", "--max-restarts", str(len(schedule) + 2)),
+            flags=("--workers", "3", "--max-restarts", str(len(schedule) + 2), *flags),
             script=str(WORKLOAD),
-            script_args=("--steps", str(MANY_STEPS), "--params", str(PARAMS)),
+            script_args=("--steps", str(MANY_STEPS), "--params", str(PARAMS), *extra),
         ) as job,
     ):
         recorder = StoreRecorder(store)
@@ -269,8 +283,11 @@ def run(ctx: Context) -> dict[str, Any]:
     theirs_short = horovodrun_elastic_recovery(short_trials, np_=3, gloo_timeout=5, params=PARAMS)
     crash = summarize(_values(faults, "kill", "recovery_s"))
     hang = summarize(_values(faults, "stop", "recovery_s"))
-    scaleup = summarize(_values(faults, None, "scaleup_from_ready_s"))
-    pause = summarize(_values(faults, None, "pause_s"))
+    warm_schedule = ctx.pick(["kill"] * 2, ["kill"] * 5)
+    warm = {}
+    for name, ea_state in (("plain", False), ("ea_state", True)):
+        warm_faults = elastic_run_faults(ctx, warm_schedule, warm=True, ea_state=ea_state)
+        warm[name] = {"faults": warm_faults, **_scaleup(warm_faults)}
     return {
         "params": PARAMS,
         "faults": faults,
@@ -295,18 +312,34 @@ def run(ctx: Context) -> dict[str, Any]:
         },
         "scaleup": {
             "what": "new worker ready (resize epoch written) -> all 3 ranks stepping at size 3 (s)",
-            "elastic_run": scaleup,
-            "from_registration": summarize(_values(faults, None, "scaleup_from_registration_s")),
-            "pause": pause,
-            "step_interval": summarize(_values(faults, None, "step_interval_s")),
-            "survivors_reset": summarize(_values(faults, None, "survivors_reset_s")),
+            **_scaleup(faults),
             "joiner_init": summarize(_values(faults, None, "joiner_init_s")),
-            "joiner_first_step": summarize(_values(faults, None, "joiner_first_step_s")),
             "target_s": 2.0,
             "pause_target_s": 0.5,
-            "met": scaleup.get("max", float("inf")) <= 2.0
-            and pause.get("max", float("inf")) <= 0.5,
         },
+        "scaleup_warm": {
+            "what": "the restarted worker warmed up, then ready (resize epoch written) -> all "
+            "3 ranks stepping at size 3 (s)",
+            **warm,
+            "target_s": 2.0,
+            "pause_target_s": 0.5,
+            "met": all(part["met"] for part in warm.values()),
+        },
+    }
+
+
+def _scaleup(faults: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scale-up figures of one job's faults, and whether they meet the targets."""
+    scaleup = summarize(_values(faults, None, "scaleup_from_ready_s"))
+    pause = summarize(_values(faults, None, "pause_s"))
+    return {
+        "elastic_run": scaleup,
+        "from_registration": summarize(_values(faults, None, "scaleup_from_registration_s")),
+        "pause": pause,
+        "step_interval": summarize(_values(faults, None, "step_interval_s")),
+        "survivors_reset": summarize(_values(faults, None, "survivors_reset_s")),
+        "joiner_first_step": summarize(_values(faults, None, "joiner_first_step_s")),
+        "met": scaleup.get("max", float("inf")) <= 2.0 and pause.get("max", float("inf")) <= 0.5,
     }
 
 

@@ -10,6 +10,9 @@ With --summaries (implies --report-steps), also what ea.State does for TensorBoa
 rank 0's summaries (elastic_allreduce.tensorboard; they write only when the job has a
 --tensorboard-dir), marks the ring at the start and after every reset, and passes each step's
 global batch and loss (a scalar tensor, as a custom loop would) to report_step.
+With --warm-up, gives its step to elastic_allreduce.warm_up (a warm joiner under
+`elastic-run --warm-join` traces it before it joins; elsewhere nothing); with --ea-state, the
+state is elastic_allreduce.State instead of Horovod's TensorFlowKerasState.
 Runs unchanged under `elastic-run`, `horovodrun` (static or elastic).
 """
 
@@ -37,6 +40,12 @@ parser.add_argument(
     help="attach rank 0's TensorBoard summaries as ea.State does, and report each step's "
     "samples and loss (implies --report-steps)",
 )
+parser.add_argument(
+    "--warm-up", action="store_true", help="give the step to elastic_allreduce.warm_up"
+)
+parser.add_argument(
+    "--ea-state", action="store_true", help="elastic_allreduce.State instead of Horovod's"
+)
 args = parser.parse_args()
 args.report_steps = args.report_steps or args.summaries
 
@@ -59,6 +68,10 @@ model, features = dense_model(args.params, args.batch, hvd.rank(), optimizer)
 train_step = train_step_fn(
     model, optimizer, features, hvd.DistributedGradientTape, return_loss=args.summaries
 )
+if args.warm_up:
+    from elastic_allreduce.warm import warm_up
+
+    warm_up(train_step)
 # None without --summaries, or when the job has no --tensorboard-dir.
 summaries = tensorboard.attach(tensorboard.learning_rate_of(optimizer)) if args.summaries else None
 epochs = itertools.count()  # the ring epochs this process trained in, from 0
@@ -90,7 +103,12 @@ def train(state):
             state.commit()
 
 
-state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
+if args.ea_state:
+    import elastic_allreduce as ea
+
+    state = ea.State(model, optimizer, step=0)
+else:
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
 state.register_reset_callbacks([on_reset])
 mark_ring(None)
 train(state)

@@ -245,6 +245,9 @@ class JobSettings:
     straggler_factor: float = 2.0
     #: What is done with a straggler.
     straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
+    #: Training processes build their model and warm up at a ring of one before they ask to
+    #: join (``--warm-join``; elastic_allreduce/warm.py).
+    warm_join: bool = False
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -262,6 +265,7 @@ class JobSettings:
             "on_state_loss": self.on_state_loss.value,
             "straggler_factor": self.straggler_factor,
             "straggler_policy": self.straggler_policy.value,
+            "warm_join": self.warm_join,
         }
 
     @classmethod
@@ -286,6 +290,7 @@ class JobSettings:
             straggler_policy=fields.enum(
                 "straggler_policy", StragglerPolicy, StragglerPolicy.REPORT
             ),
+            warm_join=fields.flag("warm_join"),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(

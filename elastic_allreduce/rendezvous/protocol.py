@@ -47,6 +47,9 @@ from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
 
 RANK_AND_SIZE: Final = "rank_and_size"
 ELASTIC_READY: Final = "elastic_ready"
+#: The barrier of a warm joiner (``--warm-join``): as ``elastic_ready``, and its next
+#: ``rank_and_size`` in the epoch it was admitted to is its first init there, not a reset.
+WARM_READY: Final = "elastic_warm_ready"
 ELASTIC_EPOCH: Final = "elastic_epoch"
 WORKER_ADDRESSES: Final = "worker_addresses"
 PROGRESS: Final = "progress"
@@ -208,9 +211,10 @@ def base_url(address: str) -> str:
     return f"http://{host_port(host, port)}"
 
 
-def ready_url(address: str, slot: str) -> str:
-    """Where a fresh process waits for its first epoch."""
-    return f"{base_url(address)}/{ELASTIC_READY}/{slot}"
+def ready_url(address: str, slot: str, *, warm: bool = False) -> str:
+    """Where a fresh process waits for its first epoch (``warm``: a warm joiner, whose
+    Horovod was initialised before, as a ring of one)."""
+    return f"{base_url(address)}/{WARM_READY if warm else ELASTIC_READY}/{slot}"
 
 
 def rank_and_size_url(address: str, slot: str) -> str:

@@ -4,6 +4,8 @@ Every ``--commit-every`` steps it commits, prints {"event": "commit", "step", "s
 "checksum", "opt_checksum", "slot"} and asks all ranks (one allreduce) whether ``--stop-file``
 exists, so every rank stops after the same commit; then it prints "done". The test decides when
 training ends instead of guessing a number of steps that outlasts its fault schedule.
+With TEST_SETUP_DELAY=S in its environment a process takes S seconds more to set up (a slow
+model build); the step is given to ea.warm_up (a warm joiner traces it before it joins).
 """
 
 import argparse
@@ -24,7 +26,9 @@ parser.add_argument("--no-warmup", action="store_true", help="no optimizer.build
 args = parser.parse_args()
 
 ea.init()
+time.sleep(float(os.environ.get("TEST_SETUP_DELAY", "0")))
 model, optimizer, step_fn = tiny_model.build(warmup=not args.no_warmup)
+ea.warm_up(step_fn)
 
 
 def emit(event, state):
