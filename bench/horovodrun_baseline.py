@@ -3,6 +3,8 @@
 1. ``horovodrun_elastic_recovery``: elastic ``horovodrun`` with np workers; SIGKILL one non-zero
    rank and time until every survivor steps again at the smaller size.
 2. ``horovodrun_static_throughput``: static ``horovodrun --gloo``; rank-0 steps per second.
+3. ``horovodrun_static_slowed``: the same, before and after one worker is held to a CPU quota
+   (the straggler scenario: static Horovod has no way to notice or drop it).
 
 Both run ``bench/scripts/hvd_steps.py`` and read ``horovodrun``'s stdout, where worker lines come
 prefixed like ``[1]<stdout>:``. Elastic ``horovodrun`` blacklists a host when a worker on it fails,
@@ -32,6 +34,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench import cgroups
 from bench.jobs import (
     STARTUP_LIMIT_S,
     BenchError,
@@ -224,6 +227,16 @@ def horovodrun_elastic_recovery(
     return [_recovery_trial(trial, np_, gloo_timeout, params) for trial in range(trials)]
 
 
+def _static_args(np_: int, params: int) -> list[str]:
+    """horovodrun's arguments for a static job of ``np_`` workers on this machine."""
+    return [
+        "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
+        sys.executable, str(WORKLOAD),
+        "--steps", str(MANY_STEPS),
+        "--params", str(params),
+    ]  # fmt: skip
+
+
 def horovodrun_static_throughput(
     seconds: float,
     np_: int = 2,
@@ -236,15 +249,30 @@ def horovodrun_static_throughput(
     Measured by :func:`bench.jobs.step_rate`, exactly as for ``elastic-run`` (steps/s and the
     CPU used by the workers and by horovodrun's own processes).
     """
-    args = [
-        "--gloo", "-np", str(np_), "-H", f"localhost:{np_}",
-        sys.executable, str(WORKLOAD),
-        "--steps", str(MANY_STEPS),
-        "--params", str(params),
-    ]  # fmt: skip
-    with _TaggedHorovodRun(args, env) as job:
+    with _TaggedHorovodRun(_static_args(np_, params), env) as job:
         log("horovodrun static: " + " ".join(job.command))
         return step_rate(job, seconds, np_, settle_s=settle_s)
+
+
+def horovodrun_static_slowed(
+    seconds: float, np_: int, params: int, percent: int, slowed_rank: int
+) -> dict[str, float]:
+    """Rank 0's steps per second of static ``horovodrun --gloo -np np_``: ``clean`` over
+    ``seconds``, then ``slowed`` over ``seconds`` once ``slowed_rank`` is held to ``percent`` %
+    of a CPU (a cgroup quota, removed at the end)."""
+    with _TaggedHorovodRun(_static_args(np_, params)) as job:
+        log("horovodrun static, one worker slowed: " + " ".join(job.command))
+        clean = step_rate(job, seconds, np_, settle_s=3.0)
+        with cgroups.cpu_quota(job.worker_pid(slowed_rank), percent, name="bench-horovodrun"):
+            job.wait_seconds(3.0)  # the ring's pace follows the slowed worker
+            start = time.monotonic()
+            job.wait_seconds(seconds)
+            steps = [
+                r
+                for r in job.snapshot("step")
+                if r.data.get("rank") == 0 and start < r.arrived <= start + seconds
+            ]
+    return {"clean": clean["steps_per_s"], "slowed": len(steps) / seconds}
 
 
 def main() -> None:

@@ -44,6 +44,22 @@ LIMITS = {
         "joiner, the baseline: `--warm-join` moves that work before the joiner asks to join "
         "(the rows below it)."
     ),
+    "commit": (
+        "Batching the host-update votes removed most of the collective's share (item 5's stretch "
+        "table); what is left is the in-memory copy of the state (one eager op per variable) and "
+        "the hand-off of the snapshot, both competing for the machine's cores with the other "
+        "rank and with the snapshot writers' background copies of the previous commit (on 2 "
+        "cores the same commit takes about 3.4 ms back to back, 0.4 ms in one process without "
+        "elastic-run's snapshots)."
+    ),
+    "straggler_detect": (
+        "The watch names a rank once every member has filled its window of 10 progress reports "
+        "(about one a second) since the quota: see item 11."
+    ),
+    "straggler_evict": (
+        "After the eviction the ring runs at the replacement's pace; on a 2-core machine the "
+        "new process also competes with the others for the cores while it starts: see item 11."
+    ),
     "scaleup_warm_plain": (
         "With --warm-join the joiner's set-up happens before it is ready; what is left is the "
         "survivors' reset (shutdown and init of Horovod, the state broadcast) and the first "
@@ -639,7 +655,39 @@ def _state(item: dict[str, Any]) -> list[str]:
             rows,
         ),
         "",
+        *_commit_means(item),
         *_state_stores(item),
+    ]
+
+
+def _commit_means(item: dict[str, Any]) -> list[str]:
+    """Item 5's commit cost over a stretch of commits, votes at every commit vs batched (none
+    for results measured before the votes were batched)."""
+    models = [model for model in item["models"] if model.get("commit_mean_s")]
+    if not models:
+        return []
+    rows = [
+        [
+            f"{model['params']:,}",
+            *(
+                f"{_ms(model['commit_mean_s'][k])} ({model['commit_mean_share'][k]:.1%})"
+                for k in ("every_commit", "batched")
+            ),
+        ]
+        for model in models
+    ]
+    target = item.get("commit_target_share", 0.02)
+    return [
+        "The commit as training sees it: the mean over a stretch of commits, each timed where the "
+        "loop commits (a host-update vote's wait for the slower rank included), with the votes "
+        "at every commit (as before they were batched) and batched (the default: about every "
+        "0.5 s, `ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL`); ms (share of a commit interval).",
+        "",
+        *_table(["parameters", "votes at every commit", "votes batched"], rows),
+        "",
+        f"Target: <= {target:.0%} of the commit interval at ~1 M parameters, batched: "
+        f"{_met(item.get('commit_met'))}.",
+        "",
     ]
 
 
@@ -863,6 +911,76 @@ def _multihost_check(item: dict[str, Any]) -> list[tuple[str, str, bool | None, 
     return [("partition", title, part["met"], figure)]
 
 
+def _stragglers(item: dict[str, Any]) -> list[str]:
+    """Item 11: the slowed rank's effect under each policy, and the time to name it."""
+    if "skipped" in item:
+        return ["## 11. A straggler", "", f"Skipped: {item['skipped']}.", ""]
+    report_, evict, static = item["report"], item["evict"], item["horovodrun_static"]
+    rows = [
+        [
+            "elastic-run, --straggler-policy report",
+            f"{report_['clean_per_s']:.1f}",
+            f"{report_['after_per_s']:.1f} (the slow rank stays)",
+            f"{report_['detect_s']:.1f}",
+        ],
+        [
+            "elastic-run, --straggler-policy evict",
+            f"{evict['clean_per_s']:.1f}",
+            f"{evict['after_per_s']:.1f} (its node replaced)",
+            f"{evict['detect_s']:.1f}",
+        ],
+        [
+            "horovodrun, static",
+            f"{static['clean']:.1f}",
+            f"{static['slowed']:.1f} (nothing notices)",
+            "—",
+        ],
+    ]
+    ratio = item.get("evict_ratio")
+    return [
+        "## 11. A straggler",
+        "",
+        f"{item['what']}. A job per launcher: its steps/s with every rank at full speed (the same "
+        "job without the slow rank), then with rank 1 slowed, once named (report) or once its "
+        "replacement trains (evict). The launcher's message when it named the rank: "
+        f"{report_.get('message')!r}.",
+        "",
+        *_table(
+            ["launcher", "steps/s, all at full speed", "steps/s, rank 1 slowed", "named after s"],
+            rows,
+        ),
+        "",
+        f"Targets: named within {item['detect_target_s']:g} s: {_met(item['detect_met'])}; with "
+        f"evict, steps/s within {item['evict_tolerance']:.0%} of the clean figure "
+        f"({_s(ratio)} of it): {_met(item['evict_met'])}.",
+        "",
+    ]
+
+
+def _straggler_checks(item: dict[str, Any]) -> list[tuple[str, str, bool | None, str]]:
+    """Item 11's rows of the targets table."""
+    if "skipped" in item:
+        return [("stragglers", "11. straggler", None, "skipped")]
+    if "report" not in item:
+        return []
+    detect = max(item["report"]["detect_s"], item["evict"]["detect_s"])
+    return [
+        (
+            "straggler_detect",
+            "11. straggler named",
+            item["detect_met"],
+            f"{detect:.1f} s at most (report and evict jobs) vs <= {item['detect_target_s']:g} s",
+        ),
+        (
+            "straggler_evict",
+            "11. straggler evicted",
+            item["evict_met"],
+            f"steps/s after the eviction {_s(item.get('evict_ratio'))} of the clean job's vs >= "
+            f"{1 - item['evict_tolerance']:.2f}",
+        ),
+    ]
+
+
 def _scaleup_checks(
     title: str, cold: dict[str, Any], warm: dict[str, Any] | None
 ) -> list[tuple[str, str, bool, str]]:
@@ -880,6 +998,20 @@ def _scaleup_checks(
             )
             checks.append((f"scaleup_warm_{name}", title, part["met"], figure))
     return checks
+
+
+def _commit_check(state: dict[str, Any]) -> list[tuple[str, str, bool, str]]:
+    """Item 5's row of the targets: the batched commit's share at ~1 M parameters."""
+    if state.get("commit_met") is None:
+        return []
+    smallest = state["models"][0]
+    shares = smallest["commit_mean_share"]
+    figure = (
+        f"{shares['batched']:.1%} of the commit interval at {smallest['params']:,} parameters "
+        f"(votes at every commit: {shares['every_commit']:.1%}) vs <= "
+        f"{state['commit_target_share']:.0%}"
+    )
+    return [("commit", "5. commit cost", state["commit_met"], figure)]
 
 
 def _misses(items: dict[str, Any]) -> list[str]:
@@ -912,6 +1044,7 @@ def _misses(items: dict[str, Any]) -> list[str]:
                     f"{_s(part.get('crash_median_s'))} s"
                 )
             checks.append((key, title, part["met"], figure))
+    checks += _commit_check(items.get("state", {}))
     progress = items.get("progress", {})
     if "met" in progress:
         on = _s(progress["reporting_on"].get("median"), 2)
@@ -924,6 +1057,7 @@ def _misses(items: dict[str, Any]) -> list[str]:
         )
         checks.append(("progress", "8. progress reporting overhead", progress["met"], figure))
     checks += _multihost_check(items.get("multihost", {}))
+    checks += _straggler_checks(items.get("stragglers", {}))
     observability = items.get("observability", {})
     if "met" in observability:
         on = _s(observability["observed"].get("median"), 2)
@@ -978,6 +1112,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[str]]]] = {
     "progress": ("8. Progress reporting overhead", _progress),
     "multihost": ("9. Partition recovery and throughput on test hosts", _multihost),
     "observability": ("10. Observability overhead", _observability),
+    "stragglers": ("11. A straggler: report, evict, static horovodrun", _stragglers),
 }
 
 

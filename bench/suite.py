@@ -42,6 +42,7 @@ from bench.items import (  # noqa: E402
     observability,
     progress,
     state,
+    stragglers,
     throughput,
 )
 from bench.items.context import Context  # noqa: E402
@@ -59,6 +60,7 @@ ITEMS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "progress": progress.run,
     "multihost": multihost.run,
     "observability": observability.run,
+    "stragglers": stragglers.run,
 }
 
 

@@ -7,12 +7,16 @@ wait for it inside the allreduce. So the time from "this rank's local gradients 
 own compute share is its step time minus that wait -- measured on one clock per rank, so no
 clocks need to agree across machines.
 
-:func:`timed` wraps a Horovod ``DistributedGradientTape``'s allreduce: two ``tf.timestamp`` ops,
-one after the local gradients (a control dependency on each), one after the reduced ones, both
-written into one float64 variable of this process. They run inside the compiled step (no
-Python per step, no extra host sync); the progress beacon reads the variable about once a
-second. Not measured: Keras ``fit`` through ``DistributedOptimizer``, and scripts that call
-Horovod's allreduce themselves (their reports carry no wait; the watch then skips the ring).
+:func:`timed` wraps the allreduce of a Horovod ``DistributedGradientTape`` or Keras
+``DistributedOptimizer``: two ``tf.timestamp`` ops, one after the local gradients (a control
+dependency on each), one after the reduced ones, both written into one float64 variable of
+this process. They run inside the compiled step (no Python per step, no extra host sync); the
+progress beacon reads the variable about once a second. ``ea.DistributedGradientTape`` and
+``ea.DistributedOptimizer`` are timed, and under ``elastic-run`` so are Horovod's own
+(:mod:`elastic_allreduce.hooks`), for custom loops and Keras ``fit`` alike. Not measured:
+scripts that call Horovod's allreduce themselves, and an optimizer with
+``backward_passes_per_step`` above 1 (Horovod binds its allreduce before it can be wrapped);
+their reports carry no wait and the watch skips the ring.
 """
 
 from __future__ import annotations
@@ -62,9 +66,17 @@ def _tensors(gradients: list[Any]) -> list[tf.Tensor]:
     return tensors
 
 
-def timed(tape: Any) -> Any:  # noqa: ANN401 - Horovod's tape class is made at run time
-    """``tape`` (a Horovod ``DistributedGradientTape``) with its allreduce timed."""
-    allreduce = tape._allreduce_grads
+#: Marks an object whose allreduce is timed already.
+_TIMED = "_elastic_allreduce_timed"
+
+
+def timed(tape: Any) -> Any:  # noqa: ANN401 - Horovod's classes are made at run time
+    """``tape`` -- a Horovod ``DistributedGradientTape`` or Keras ``DistributedOptimizer`` --
+    with its allreduce timed (once: a second call changes nothing). An object without
+    Horovod's ``_allreduce_grads`` is returned as it is."""
+    allreduce = getattr(tape, "_allreduce_grads", None)
+    if allreduce is None or getattr(tape, _TIMED, False):
+        return tape
     clock = _variable()
 
     def timed_allreduce(gradients: list[Any], sources: list[Any], *args: Any) -> Any:  # noqa: ANN401
@@ -77,4 +89,5 @@ def timed(tape: Any) -> Any:  # noqa: ANN401 - Horovod's tape class is made at r
         return reduced
 
     tape._allreduce_grads = timed_allreduce
+    setattr(tape, _TIMED, True)
     return tape

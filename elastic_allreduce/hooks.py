@@ -18,7 +18,9 @@
    attributes as JSON bytes (:func:`elastic_allreduce.sync.broadcast_attributes`, from rank 0
    as Horovod does) instead of ``broadcast_object``, and ``commit`` / ``check_host_updates``
    agree on host updates with one Max allreduce of integers
-   (:func:`elastic_allreduce.sync.check_host_updates`) instead of a pickled broadcast. So the
+   (:func:`elastic_allreduce.sync.check_host_updates`) instead of a pickled broadcast -- at a
+   commit only about every 0.5 s (the votes are batched; a membership change waits that much
+   longer, a failure does not). So the
    script's state attributes must be plain data (JSON values; NumPy scalars are converted):
    anything else raises StateValueError on every rank at the first sync or commit.
 
@@ -60,6 +62,11 @@
    TensorFlow runs anything: :func:`install` runs before the script, and the bootstrap runs no
    TensorFlow op before it.
 
+5. Horovod's ``DistributedGradientTape`` and ``DistributedOptimizer`` (``horovod.tensorflow``
+   and its Keras API) time their allreduce for the launcher's straggler watch, as
+   ``ea.DistributedGradientTape`` does (:mod:`elastic_allreduce.collective_clock`): plain
+   Horovod custom loops and Keras ``fit`` report their wait too.
+
 Why the ring in the store tells: the launcher writes the next epoch (compare-and-swap) before it
 notifies the members, and a slot left out of an epoch is never admitted again as the same
 process, so its ``rank_and_size`` would be answered -1.
@@ -75,11 +82,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.elastic as hvd_elastic
+import horovod.tensorflow.keras as hvd_keras
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 from horovod.common.basics import HorovodBasics
 from horovod.tensorflow.functions import broadcast_variables
 
-from elastic_allreduce import elastic_run, gpu, progress, runtime, state_snapshots, sync
+from elastic_allreduce import (
+    collective_clock,
+    elastic_run,
+    gpu,
+    progress,
+    runtime,
+    state_snapshots,
+    sync,
+)
 from elastic_allreduce.checkpoint import CheckpointDir
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.persistence import AgentLink
@@ -123,6 +139,7 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     gpu.select()
     if gloo is not None:
         _record_gloo_sockets(gloo)
+    _time_gradient_allreduces()
     state_class: Any = hvd_elastic.TensorFlowKerasState
     if getattr(state_class.sync, _PATCHED, False):
         return
@@ -134,6 +151,28 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     hvd_elastic.run = elastic_run.run
     hvd_keras_elastic.run = elastic_run.run
     hvd_elastic._reset = QuietReset(store)
+
+
+def _time_gradient_allreduces() -> None:
+    """Horovod's ``DistributedGradientTape`` and ``DistributedOptimizer`` (its TensorFlow and
+    Keras bindings) give objects whose allreduce is timed for the straggler watch
+    (:func:`elastic_allreduce.collective_clock.timed`), as ``ea``'s do."""
+    for module, name in (
+        (hvd, "DistributedGradientTape"),
+        (hvd, "DistributedOptimizer"),
+        (hvd_keras, "DistributedOptimizer"),
+    ):
+        original = getattr(module, name)
+        if getattr(original, _PATCHED, False):
+            continue
+
+        def timed(*args: Any, _original: Any = original, **kwargs: Any) -> Any:  # noqa: ANN401
+            return collective_clock.timed(_original(*args, **kwargs))
+
+        timed.__doc__ = original.__doc__
+        timed.__name__ = name
+        setattr(timed, _PATCHED, True)
+        setattr(module, name, timed)
 
 
 def _sync(self: Any) -> None:  # noqa: ANN401
@@ -157,6 +196,7 @@ def _sync(self: Any) -> None:  # noqa: ANN401
             self._saved_state = sync.broadcast_attributes(self._saved_state, root)
             self._set_attrs()
         setattr(self, _COMMIT_ID, commit_id)
+        sync.restart_votes(self)
 
 
 def _commit(self: Any) -> None:  # noqa: ANN401
@@ -185,7 +225,7 @@ def _commit(self: Any) -> None:  # noqa: ANN401
         arrays = state_snapshots.committed_arrays(self)
         if arrays is not None:
             persister.submit((commit_id, arrays, dict(self._saved_state)), from_snapshot=False)
-    sync.check_host_updates(self, refusal)
+    sync.check_host_updates(self, refusal, at_commit=True)
 
 
 def _wait_for_snapshot(self: Any, timeout: float = 10.0) -> bool:  # noqa: ANN401

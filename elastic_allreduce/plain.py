@@ -12,9 +12,12 @@ elastic_allreduce sends neither (:mod:`elastic_allreduce.sync` does the collecti
   attribute. The sync's root sends them as one JSON object (:func:`encode_attributes`), and
   every rank -- the root too, so they all hold the same values -- parses the same bytes field
   by field (:func:`decode_attributes`): anything malformed is a ProtocolError on every rank.
-* **The host-update vote** at each commit: five integers per rank (:class:`HostUpdateVote`),
+* **The host-update vote** at a commit: six integers per rank (:class:`HostUpdateVote`),
   combined by one Max allreduce, from which every rank reaches the same verdict
-  (:func:`decide`).
+  (:func:`decide`). The votes are batched (:class:`VoteClock`): the ranks vote at the first
+  commit after each sync and then about every :data:`VOTE_INTERVAL` seconds, agreeing at each
+  vote how many commits later the next one is -- the same commit on every rank, since every
+  rank commits at the same points.
 """
 
 from __future__ import annotations
@@ -183,11 +186,55 @@ def _unique_keys(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
 #: Horovod): a notification says hosts were removed, added, or both.
 REMOVED: Final = 1
 ADDED: Final = 2
+#: Seconds between two host-update votes the ranks aim for (the default of
+#: ``ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL``; 0: a vote at every commit, as Horovod does). A
+#: membership change then waits for up to this much more training; a failure does not wait.
+VOTE_INTERVAL: Final = 0.5
+#: The most commits between two votes.
+MOST_COMMITS_PER_VOTE: Final = 100
+
+
+@dataclass(frozen=True)
+class VoteClock:
+    """Which commits hold the host-update vote, counted from the ring's last state sync.
+
+    Every rank commits at the same points and restarts the count at every sync, so the count
+    is the same on every rank; each vote agrees on the commit of the next one (the fewest
+    commits any rank asked for: :meth:`asks`). Between votes a commit is local.
+    """
+
+    #: Commits since the last sync.
+    commits: int = 0
+    #: The commit (by that count) that holds the next vote.
+    due: int = 1
+    #: This rank's clock (seconds) at the last vote, and the count then (None: no vote yet).
+    voted_at: float | None = None
+    voted_commits: int = 0
+
+    def commit(self) -> tuple[VoteClock, bool]:
+        """Count a commit: the new clock, and whether this commit votes."""
+        counted = VoteClock(self.commits + 1, self.due, self.voted_at, self.voted_commits)
+        return counted, counted.commits >= counted.due
+
+    def asks(self, now: float, interval: float) -> int:
+        """How many commits after this vote this rank asks the next one to be: as many as fit
+        in ``interval`` seconds at its pace since the last vote (1 before the first vote or
+        with ``interval`` 0)."""
+        if self.voted_at is None or interval <= 0 or self.commits <= self.voted_commits:
+            return 1
+        per_commit = (now - self.voted_at) / (self.commits - self.voted_commits)
+        if per_commit <= 0:
+            return MOST_COMMITS_PER_VOTE
+        return max(1, min(MOST_COMMITS_PER_VOTE, int(interval / per_commit)))
+
+    def voted(self, now: float, next_in: int) -> VoteClock:
+        """After the vote at this commit: the next one ``next_in`` commits later."""
+        return VoteClock(self.commits, self.commits + max(1, next_in), now, self.commits)
 
 
 @dataclass(frozen=True)
 class HostUpdateVote:
-    """One rank's part of the host-update check at a commit, sent as five integers.
+    """One rank's part of the host-update check at a commit, sent as six integers.
 
     Horovod's ``State.check_host_updates`` drains the rank's notifications, then broadcasts rank
     0's ``(previous timestamp, newest timestamp, update bits)`` as a pickle; rank 0's view wins
@@ -206,10 +253,18 @@ class HostUpdateVote:
     #: ``size - rank`` when this rank's committed attributes are not plain data, else 0 (the
     #: Max then names the lowest such rank).
     refused: int = 0
+    #: Commits until the next vote that this rank asks for (sent negated: the Max is then the
+    #: fewest any rank asked for).
+    next_in: int = 1
 
     @classmethod
     def drain(
-        cls, seen: int, notifications: Iterable[tuple[int, int]], *, refused: int = 0
+        cls,
+        seen: int,
+        notifications: Iterable[tuple[int, int]],
+        *,
+        refused: int = 0,
+        next_in: int = 1,
     ) -> HostUpdateVote:
         """The vote after the notifications ``(timestamp, update bits)`` in arrival order, with
         Horovod's filter: one counts only if it is newer than every one before it."""
@@ -221,11 +276,11 @@ class HostUpdateVote:
                     removed = timestamp
                 if update & ADDED:
                     added = timestamp
-        return cls(seen, newest, removed, added, refused)
+        return cls(seen, newest, removed, added, refused, next_in)
 
     def vector(self) -> list[int]:
-        """The five integers that the allreduce combines (by Max, element-wise)."""
-        return [self.seen, self.newest, self.removed, self.added, self.refused]
+        """The six integers that the allreduce combines (by Max, element-wise)."""
+        return [self.seen, self.newest, self.removed, self.added, self.refused, -self.next_in]
 
 
 @dataclass(frozen=True)
@@ -240,6 +295,8 @@ class HostUpdateVerdict:
     skip_sync: bool
     #: The lowest rank whose committed attributes are not plain data (all raise), else None.
     refused_rank: int | None
+    #: Commits until the next vote (the fewest any rank asked for).
+    next_in: int = 1
 
 
 def decide(reduced: Sequence[int], size: int) -> HostUpdateVerdict:
@@ -248,10 +305,13 @@ def decide(reduced: Sequence[int], size: int) -> HostUpdateVerdict:
     A notification is new when it is newer than the newest one any rank has acted on; the kinds
     of the new ones decide ``skip_sync`` as Horovod's ``all_update == removed`` does.
     """
-    if len(reduced) != 5:
-        raise ProtocolError(f"host-update vote: expected 5 integers, got {len(reduced)}")
-    seen, newest, removed, added, refused = (int(v) for v in reduced)
+    if len(reduced) != 6:
+        raise ProtocolError(f"host-update vote: expected 6 integers, got {len(reduced)}")
+    seen, newest, removed, added, refused, negated_next = (int(v) for v in reduced)
     interrupt = newest > seen
     only_removed = removed > seen and added <= seen
     refused_rank = max(size - refused, 0) if refused > 0 else None
-    return HostUpdateVerdict(max(seen, newest), interrupt, interrupt and only_removed, refused_rank)
+    next_in = max(1, min(MOST_COMMITS_PER_VOTE, -negated_next))
+    return HostUpdateVerdict(
+        max(seen, newest), interrupt, interrupt and only_removed, refused_rank, next_in
+    )

@@ -15,13 +15,16 @@ allgathered once as JSON bytes, and every rank reaches the same verdict:
 The other collectives of a state move plain data, never pickles (:mod:`elastic_allreduce.plain`):
 :func:`broadcast_attributes` sends the extra attributes at a sync as JSON bytes (the length,
 then the bytes), and :func:`check_host_updates` is Horovod's commit-time host-update check with
-one Max allreduce of five integers instead of a pickled broadcast.
+one Max allreduce of six integers instead of a pickled broadcast, batched: the ranks vote at the
+first commit after a sync and then about every ``plain.VOTE_INTERVAL`` seconds
+(``ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL``), at the same commit on every rank.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -30,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from elastic_allreduce import agreement, plain, runtime
+from elastic_allreduce import agreement, env, plain, runtime
 from elastic_allreduce.agreement import StateDescription, VariableSpec
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ProtocolError, StateMismatchError, StateValueError
@@ -218,20 +221,60 @@ def plain_commit(state: Any) -> StateValueError | None:  # noqa: ANN401 - a Horo
     return None
 
 
+#: Where a state keeps its VoteClock.
+_VOTE_CLOCK: Final = "_elastic_allreduce_vote_clock"
+
+
+def vote_interval() -> float:
+    """Seconds between host-update votes: ``ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL``, else
+    :data:`elastic_allreduce.plain.VOTE_INTERVAL` (0: at every commit)."""
+    return env.seconds(
+        env.HOST_CHECK_INTERVAL,
+        plain.VOTE_INTERVAL,
+        below=3600,
+        hint="seconds between the ranks' host-update votes (0: at every commit)",
+    )
+
+
+def restart_votes(state: Any) -> None:  # noqa: ANN401 - a Horovod state
+    """After a state sync (every rank syncs together): the next commit votes, and the count of
+    commits starts again -- the same on every rank, a joiner's too."""
+    setattr(state, _VOTE_CLOCK, plain.VoteClock())
+
+
 def check_host_updates(
     state: Any,  # noqa: ANN401 - a Horovod state
     refusal: StateValueError | None = None,
+    *,
+    at_commit: bool = False,
 ) -> None:
-    """Horovod's ``State.check_host_updates`` with one Max allreduce of five integers instead
+    """Horovod's ``State.check_host_updates`` with one Max allreduce of six integers instead
     of rank 0's pickled broadcast: raise HostsUpdatedInterrupt, on every rank at the same commit,
     when any rank has a notification newer than any rank had seen (``skip_sync`` when all new
     ones announced removals only). With ``refusal`` (this rank's committed attributes are not
-    plain data) every rank raises StateValueError instead."""
+    plain data) every rank raises StateValueError instead.
+
+    ``at_commit``: called by a commit, which votes only when its :class:`plain.VoteClock` says
+    so (about every :func:`vote_interval` seconds); between votes notifications wait in the
+    state's queue, and a refusal waits for the vote. Without it (the script's own call, on
+    every rank) the ranks vote now."""
+    clock: plain.VoteClock = getattr(state, _VOTE_CLOCK, None) or plain.VoteClock()
+    pending: StateValueError | None = getattr(state, "_elastic_allreduce_refusal", None)
+    refusal = pending or refusal
+    if at_commit:
+        clock, votes = clock.commit()
+        if not votes:
+            setattr(state, _VOTE_CLOCK, clock)
+            state._elastic_allreduce_refusal = refusal
+            return
+    state._elastic_allreduce_refusal = None
+    now = time.monotonic()
     rank, size = hvd.rank(), hvd.size()
     vote = plain.HostUpdateVote.drain(
         int(state._last_updated_timestamp),
         _drain(state._host_messages),
         refused=size - rank if refusal is not None else 0,
+        next_in=clock.asks(now, vote_interval()),
     )
     if size == 1:
         reduced = vote.vector()
@@ -241,6 +284,7 @@ def check_host_updates(
         )
         reduced = [int(v) for v in combined.numpy()]
     verdict = plain.decide(reduced, size)
+    setattr(state, _VOTE_CLOCK, clock.voted(now, verdict.next_in))
     if verdict.refused_rank is not None:
         if refusal is not None:
             raise refusal

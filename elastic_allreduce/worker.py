@@ -10,8 +10,9 @@ its optimizer and any extra attributes) with four additions:
   shape (:mod:`elastic_allreduce.sync`), so a mismatch fails on every rank instead of hanging;
 * nothing is pickled between ranks: the extra attributes must be plain data (JSON values,
   NumPy scalars converted; anything else is refused with StateValueError naming it) and are
-  synced as JSON bytes, and the host-update check at each commit is one small Max allreduce
-  instead of Horovod's pickled broadcast (:mod:`elastic_allreduce.plain`);
+  synced as JSON bytes, and the host-update check is one small Max allreduce instead of
+  Horovod's pickled broadcast, held at a commit about every 0.5 s instead of at each one
+  (:mod:`elastic_allreduce.plain`: the ranks agree at each vote on the commit of the next);
 * rank 0 reports each commit to the store (``status/progress``: what ``elastic-run status``
   shows);
 * with a checkpoint directory (``--checkpoint-dir``), rank 0 writes every ``checkpoint_every``-th
@@ -106,7 +107,12 @@ def DistributedGradientTape(tape: tf.GradientTape, *args: Any, **kwargs: Any) ->
     return collective_clock.timed(hvd.DistributedGradientTape(tape, *args, **kwargs))
 
 
-DistributedOptimizer = hvd.DistributedOptimizer
+def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
+    """Horovod's ``DistributedOptimizer`` (same arguments), with its allreduce timed for the
+    launcher's straggler watch (:mod:`elastic_allreduce.collective_clock`)."""
+    return collective_clock.timed(hvd.DistributedOptimizer(optimizer, *args, **kwargs))
+
+
 run = elastic_run.run
 
 
@@ -479,7 +485,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             if self._summaries is not None:
                 self._summaries.on_commit(self._current_step())
         try:
-            sync.check_host_updates(self, refusal)
+            sync.check_host_updates(self, refusal, at_commit=True)
         except HostsUpdatedInterrupt:
             if self._summaries is not None:
                 # Before a leaving rank 0 exits and the next one writes a file of its own.
@@ -489,7 +495,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank at once if hosts were added or removed
         (Horovod's check, agreed by a Max allreduce of integers: :func:`sync.check_host_updates`).
-        """
+        Called by the script, the ranks vote now; a commit votes about every 0.5 s only
+        (``ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL``)."""
         sync.check_host_updates(self)
 
     def restore(self) -> None:
@@ -545,6 +552,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             self._save_model()
             self._saved_state = sync.broadcast_attributes(self._saved_state, root)
             self._set_attrs()
+        sync.restart_votes(self)
         step = getattr(self, "step", None)
         progress.report_sync(
             runtime.ring_epoch(), self.commit_id, step if isinstance(step, int) else None

@@ -255,7 +255,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         help="report a rank whose own share of each step (its step time minus its wait in the "
         "gradient allreduce) stays above F times the other ranks' for 10 reports: a log line "
         f"and a Straggler event (default {_number(DEFAULT_STRAGGLER_FACTOR)}; 0: not watched; "
-        "measured for scripts that use elastic_allreduce.DistributedGradientTape)",
+        "measured where the gradients go through a DistributedGradientTape or "
+        "DistributedOptimizer, Horovod's or elastic_allreduce's, and steps are reported)",
     )
     group.add_argument(
         "--straggler-policy",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,23 @@ from tests.helpers.tls import TlsEtcd, start_tls_etcd
 
 ROOT = Path(__file__).resolve().parent.parent
 _job_numbers = itertools.count(1)
+
+
+def script_result(script: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run a test script (one process, real Horovod at size 1) from the repository root; the
+    JSON object on its last line of output (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+        cwd=ROOT,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def require_checkout_outside_tmp(what: str) -> None:

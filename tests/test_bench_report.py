@@ -489,3 +489,49 @@ def test_the_warm_join_scale_up_is_shown_next_to_the_cold_joiner_it_is_measured_
     _check_tables(text)
     # Results from before the warm join render as before.
     assert "warm_up" not in report.render_markdown(synthetic(), png_link=None)
+
+
+def test_the_commit_cost_with_batched_votes_is_a_target_next_to_votes_at_every_commit() -> None:
+    results = synthetic()
+    state = results["items"]["state"]
+    smallest = state["models"][0]
+    smallest["commit_mean_s"] = {"every_commit": 0.008, "batched": 0.003}
+    smallest["commit_mean_share"] = {"every_commit": 0.04, "batched": 0.015}
+    state["commit_target_share"] = 0.02
+    state["commit_met"] = True
+    text = report.render_markdown(results, png_link=None)
+    assert "| parameters | votes at every commit | votes batched |" in text
+    assert "| 1,000,000 | 8.0 (4.0%) | 3.0 (1.5%) |" in text
+    assert "| 5. commit cost | 1.5% of the commit interval at 1,000,000 parameters" in text
+    assert "batched: met." in text
+    _check_tables(text)
+    state["commit_met"] = False
+    assert "**5. commit cost misses its target.**" in report.render_markdown(results, png_link=None)
+    # Results from before the votes were batched have neither the table nor the target row.
+    assert "votes batched" not in report.render_markdown(synthetic(), png_link=None)
+
+
+def test_the_straggler_item_shows_each_launcher_and_both_targets() -> None:
+    results = synthetic()
+    results["items"]["stragglers"] = {
+        "what": "rank 1 of 3 held to 15 % of a CPU",
+        "percent": 15,
+        "seconds": 15.0,
+        "report": {"clean_per_s": 60.0, "detect_s": 12.5, "after_per_s": 25.0, "message": "m"},
+        "evict": {"clean_per_s": 61.0, "detect_s": 33.0, "after_per_s": 58.0, "message": "m"},
+        "horovodrun_static": {"clean": 62.0, "slowed": 24.0},
+        "evict_ratio": 58.0 / 61.0,
+        "detect_target_s": 30.0,
+        "evict_tolerance": 0.1,
+        "detect_met": False,
+        "evict_met": True,
+    }
+    text = report.render_markdown(results, png_link=None)
+    assert "--straggler-policy evict | 61.0 | 58.0 (its node replaced) | 33.0 |" in text
+    assert "| horovodrun, static | 62.0 | 24.0 (nothing notices) | — |" in text
+    assert "| 33.0 s at most (report and evict jobs) vs <= 30 s | **missed**" in text
+    assert "| 11. straggler evicted | steps/s after the eviction 0.951 of the clean job's" in text
+    assert "**11. straggler named misses its target.**" in text
+    _check_tables(text)
+    results["items"]["stragglers"] = {"skipped": "no cgroup"}
+    assert "Skipped: no cgroup." in report.render_markdown(results, png_link=None)

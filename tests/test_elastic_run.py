@@ -7,15 +7,11 @@ training ended early and silently. Real Horovod, one process.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import tensorflow as tf
 
 from elastic_allreduce.elastic_run import is_collective_failure
-from tests.conftest import ROOT
+from tests.conftest import ROOT, script_result
 
 SCRIPT = ROOT / "tests" / "scripts" / "run_errors.py"
 
@@ -44,16 +40,7 @@ def test_other_errors_are_never_collective_failures() -> None:
 
 
 def test_ea_run_raises_what_horovods_run_drops_and_retries_a_failed_collective() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = script_result(SCRIPT)
     # Horovod's own wrapper: the training function "returns" None.
     assert result["horovod"] == "None", result
     assert result["elastic_allreduce"] == "raised", result

@@ -287,5 +287,53 @@ def test_the_lowest_refusing_rank_is_named_on_every_rank() -> None:
 
 
 def test_a_vote_of_another_length_is_a_protocol_error() -> None:
-    with pytest.raises(ProtocolError, match="expected 5 integers"):
+    with pytest.raises(ProtocolError, match="expected 6 integers"):
         decide([1, 2, 3], 2)
+
+
+# -- batched votes -----------------------------------------------------------------------------
+
+
+def test_the_first_commit_after_a_sync_votes_and_the_vote_sets_the_next_one() -> None:
+    clock = plain.VoteClock()
+    clock, votes = clock.commit()
+    assert votes  # the first commit after a sync: nothing measured yet, vote now
+    assert clock.asks(now=10.0, interval=0.5) == 1
+    clock = clock.voted(10.0, next_in=1)
+    # Five commits of 0.1 s each until the next vote (1 commit later, as agreed).
+    clock, votes = clock.commit()
+    assert votes and clock.asks(now=10.1, interval=0.5) == 5
+    clock = clock.voted(10.1, next_in=5)
+    for _ in range(4):
+        clock, votes = clock.commit()
+        assert not votes
+    clock, votes = clock.commit()
+    assert votes and clock.commits == 7
+
+
+def test_every_rank_votes_at_the_commit_agreed_even_when_their_paces_differ() -> None:
+    # Rank 0 measured 0.1 s per commit, rank 1 0.05 s: they ask 5 and 10; the Max of the
+    # negated asks is the fewest, and both count to the same commit.
+    fast = plain.HostUpdateVote.drain(3, [], next_in=5)
+    slow = plain.HostUpdateVote.drain(3, [], next_in=10)
+    verdict = decide(reduce_max(fast, slow), 2)
+    assert verdict.next_in == 5 and not verdict.interrupt
+    clocks = [plain.VoteClock(commits=2, due=2, voted_at=t, voted_commits=1) for t in (0.0, 9.0)]
+    clocks = [c.voted(now, verdict.next_in) for c, now in zip(clocks, (0.2, 9.1), strict=True)]
+    due = []
+    for agreed in clocks:
+        counted, votes = agreed, False
+        while not votes:
+            counted, votes = counted.commit()
+        due.append(counted.commits)
+    assert due == [7, 7]
+
+
+def test_an_interval_of_zero_votes_at_every_commit_and_asks_are_bounded() -> None:
+    clock = plain.VoteClock(commits=10, due=10, voted_at=0.0, voted_commits=5)
+    assert clock.asks(now=1.0, interval=0.0) == 1
+    assert clock.asks(now=1.0, interval=1000.0) == plain.MOST_COMMITS_PER_VOTE
+    assert clock.asks(now=0.0, interval=0.5) == plain.MOST_COMMITS_PER_VOTE  # no time passed
+    # A vector from a peer asking for more than the most is bounded by the verdict.
+    assert decide([0, 0, 0, 0, 0, -(10**6)], 2).next_in == plain.MOST_COMMITS_PER_VOTE
+    assert decide([0, 0, 0, 0, 0, 7], 2).next_in == 1

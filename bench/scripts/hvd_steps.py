@@ -12,7 +12,9 @@ rank 0's summaries (elastic_allreduce.tensorboard; they write only when the job 
 global batch and loss (a scalar tensor, as a custom loop would) to report_step.
 With --warm-up, gives its step to elastic_allreduce.warm_up (a warm joiner under
 `elastic-run --warm-join` traces it before it joins; elsewhere nothing); with --ea-state, the
-state is elastic_allreduce.State instead of Horovod's TensorFlowKerasState.
+state is elastic_allreduce.State instead of Horovod's TensorFlowKerasState; with --ea-tape, the
+gradient tape is elastic_allreduce.DistributedGradientTape (the launcher's straggler watch reads
+its wait in the allreduce).
 Runs unchanged under `elastic-run`, `horovodrun` (static or elastic).
 """
 
@@ -46,6 +48,12 @@ parser.add_argument(
 parser.add_argument(
     "--ea-state", action="store_true", help="elastic_allreduce.State instead of Horovod's"
 )
+parser.add_argument(
+    "--ea-tape",
+    action="store_true",
+    help="elastic_allreduce.DistributedGradientTape (times its wait in the allreduce: the "
+    "launcher's straggler watch needs it) instead of Horovod's",
+)
 args = parser.parse_args()
 args.report_steps = args.report_steps or args.summaries
 
@@ -65,9 +73,11 @@ hvd.init()
 emit("init")
 optimizer = tf.keras.optimizers.SGD(0.001)
 model, features = dense_model(args.params, args.batch, hvd.rank(), optimizer)
-train_step = train_step_fn(
-    model, optimizer, features, hvd.DistributedGradientTape, return_loss=args.summaries
-)
+if args.ea_tape:
+    from elastic_allreduce.worker import DistributedGradientTape as tape_class
+else:
+    tape_class = hvd.DistributedGradientTape
+train_step = train_step_fn(model, optimizer, features, tape_class, return_loss=args.summaries)
 if args.warm_up:
     from elastic_allreduce.warm import warm_up
 

@@ -18,6 +18,10 @@ then commits --extra-commits more times with each part of a commit timed alone. 
   ``state_snapshots.load_newest`` from the snapshot, and from the checkpoint with its files
   first dropped from the page cache (cold) and again (warm). The broadcast a joiner receives
   is the sync above. A figure that could not be taken is None, with why in "store_problems".
+  For models up to --stretch-max-params also "commit_mean_s": the mean commit time over a
+  stretch of --stretch-steps training steps with host-update votes at every commit (as before
+  they were batched) and with the default, batched votes -- timed where the loop commits, so a
+  vote's wait for the slower rank counts, as it does in training.
 """
 
 import argparse
@@ -49,6 +53,18 @@ parser.add_argument("--extra-syncs", type=int, default=2)
 parser.add_argument("--batch", type=int, default=64)
 parser.add_argument(
     "--store-rounds", type=int, default=2, help="rounds of the snapshot/checkpoint/restore timings"
+)
+parser.add_argument(
+    "--stretch-steps",
+    type=int,
+    default=60,
+    help="steps of each commit-cost stretch (host-update votes at every commit, then batched)",
+)
+parser.add_argument(
+    "--stretch-max-params",
+    type=int,
+    default=2_000_000,
+    help="models up to this size get the commit-cost stretches (larger ones take too long)",
 )
 parser.add_argument(
     "--checkpoint-root", default=None, help="a folder on disk for the checkpoints (none: not timed)"
@@ -128,9 +144,15 @@ class TimedSnapshots(state_snapshots.SlotSnapshots):
 
     submitted_at: float | None = None
 
-    def submit(self, state: ea.State, commit_id: int, attributes: dict[str, Any]) -> None:
+    def submit(
+        self,
+        state: ea.State,
+        commit_id: int,
+        attributes: dict[str, Any],
+        checkpoint: state_snapshots.CheckpointPersister | None = None,
+    ) -> None:
         self.submitted_at = time.perf_counter()
-        super().submit(state, commit_id, attributes)
+        super().submit(state, commit_id, attributes, checkpoint)
 
 
 class TimedState(ea.State):
@@ -238,6 +260,34 @@ class StoreCosts:
             self.times[name].append(seconds)
 
 
+def commit_stretch(state: ea.State, train_step: Callable[[], Any], interval: str | None) -> float:
+    """The mean time of the commits of --stretch-steps steps (a commit every --commit-every),
+    with ``interval`` as ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL (None: the default, batched
+    votes; "0": a vote at every commit, as before they were batched). Every rank runs it at
+    the same point with the same setting, and the vote after the switch agrees on it."""
+    if interval is None:
+        os.environ.pop(env.HOST_CHECK_INTERVAL, None)
+    else:
+        os.environ[env.HOST_CHECK_INTERVAL] = interval
+    commits = []
+    try:
+        for _ in range(args.stretch_steps):
+            train_step()
+            state.step += 1
+            if state.step % args.commit_every == 0:
+                commits.append(timed_in_loop(state.commit))
+    finally:
+        os.environ.pop(env.HOST_CHECK_INTERVAL, None)
+    return statistics.fmean(commits)
+
+
+def timed_in_loop(action: Callable[[], Any]) -> float:
+    """Seconds ``action`` takes where a training loop calls it (no barrier before)."""
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
 def measure(params: int) -> None:
     optimizer = tf.keras.optimizers.Adam(0.0001)
     model, features = dense_model(params, args.batch, ea.rank(), optimizer)
@@ -263,6 +313,16 @@ def measure(params: int) -> None:
             # Only rank 0 reports; every rank enters the barrier of timed().
             parts["report"].append(timed(state._report if ea.rank() == 0 else lambda: None))
             parts["check"].append(timed(state.check_host_updates))
+        # Every commit voting (as before the votes were batched), then the default; each after
+        # a stretch that lets the vote clock measure the pace.
+        commit_mean = None
+        if params <= args.stretch_max_params:
+            every_commit = commit_stretch(state, train_step, "0")
+            commit_stretch(state, train_step, None)
+            commit_mean = {
+                "every_commit": every_commit,
+                "batched": commit_stretch(state, train_step, None),
+            }
         for _ in range(args.extra_syncs):
             state.sync()
         stored = StoreCosts(state).run()
@@ -277,6 +337,8 @@ def measure(params: int) -> None:
                 "commit_s": statistics.median(commits),
                 "commit_s_max": max(commits),
                 "commit_parts_s": {name: statistics.median(v) for name, v in parts.items()},
+                # Means over a stretch of commits: votes at every commit, and batched.
+                "commit_mean_s": commit_mean,
                 "commits": len(commits),
                 "steps": len(timed_steps),
                 "commit_every": args.commit_every,

@@ -7,42 +7,17 @@ row for a hang and replaces it.)"""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.cgroups import cpu_quota
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import UNTIL_SCRIPT, Job, start_job, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-#: The cgroup (v1) CPU controller; root is a requirement of this suite (DESIGN.md).
-CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")
-
-
-@contextlib.contextmanager
-def cpu_quota(pid: int, percent: int) -> Iterator[None]:
-    """Hold process ``pid`` (all its threads) to ``percent`` % of one CPU while inside; the
-    cgroup made for it is removed on the way out, whatever happened."""
-    assert (CPU_CGROUPS / "cgroup.procs").is_file(), f"no cgroup CPU controller at {CPU_CGROUPS}"
-    group = CPU_CGROUPS / f"elastic-allreduce-test-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(percent * 1000))
-        (group / "cgroup.procs").write_text(str(pid))
-        yield
-    finally:
-        for task in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, OSError):
-                (CPU_CGROUPS / "cgroup.procs").write_text(task)
-        group.rmdir()
 
 
 def test_an_even_ring_has_no_straggler_and_a_slowed_rank_is_reported_and_evicted(

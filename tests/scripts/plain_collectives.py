@@ -12,6 +12,7 @@ also syncs from the rank with the newest commit).
 """
 
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -24,8 +25,11 @@ from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.tensorflow.elastic import TensorFlowKerasState
 
 import elastic_allreduce as ea
-from elastic_allreduce import hooks, plain, sync
+from elastic_allreduce import env, hooks, plain, sync
 from elastic_allreduce.errors import ProtocolError, StateValueError
+
+# What each commit's vote decides: here every commit votes (batching: tests/test_host_votes.py).
+os.environ[env.HOST_CHECK_INTERVAL] = "0"
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.helpers.pickles import Exploit

@@ -1,0 +1,28 @@
+"""The collective clock (issue #15, item 2: each rank measures its own compute share): the
+gradient allreduces of ea's tape and optimizer are timed, and under elastic-run (the bootstrap's
+hooks) so are Horovod's own -- custom loops and Keras ``fit`` alike. Real Horovod at size 1 in a
+process of its own; the straggler watch that reads the clock: tests/test_stragglers.py and
+tests/integration/test_stragglers.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ROOT, script_result
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = ROOT / "tests" / "scripts" / "timed_allreduce.py"
+
+
+def test_every_gradient_allreduce_of_a_training_step_is_timed_once() -> None:
+    result = script_result(SCRIPT)
+    assert result == {
+        # Outside elastic-run Horovod's own tape is Horovod's, untouched.
+        "horovod_tape_before_hooks": False,
+        "ea_tape": True,
+        "ea_optimizer_fit": True,
+        "horovod_tape": True,
+        "horovod_keras_optimizer_fit": True,
+        "timed_once": True,
+    }, result
