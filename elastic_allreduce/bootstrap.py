@@ -456,8 +456,12 @@ class Admission:
     #: A warm joiner's admission (elastic_allreduce.warm), after its ring of one.
     warm: bool = False
 
-    def __call__(self) -> int:
-        """Wait for the first ring epoch; its number."""
+    def __call__(self, warmup_step: float | None = None) -> int:
+        """Wait for the first ring epoch; its number. ``warmup_step``: a warm joiner's seconds
+        for one step of its warm-up, written to its record for the launcher first."""
+        if warmup_step is not None:
+            registration = self.registration
+            registration.update(replace(registration.record, warmup_step=warmup_step))
         admission = _wait_for_first_epoch(self.follower, self.relay, self.slot, warm=self.warm)
         if not admission.admitted:
             print(f"slot {self.slot}: not admitted to any ring epoch; exiting", file=sys.stderr)

@@ -42,13 +42,15 @@ SOLO_RANKS: Final = ("0", "1", "0", "1", "0", "1")
 #: the rendezvous is this process's relay to the launcher).
 _PEER_VARIABLES: Final = (env.HOROVOD_RENDEZVOUS_ADDR, env.HOROVOD_RENDEZVOUS_PORT)
 
-#: The bootstrap's admission: waits until the launcher admitted this slot to a ring epoch,
-#: sets Horovod's variables for it and returns the epoch (exits when not admitted).
-Admit = Callable[[], int]
+#: The bootstrap's admission: tells the launcher the warm-up step's seconds (None: not
+#: measured), waits until it admitted this slot to a ring epoch, sets Horovod's variables for
+#: it and returns the epoch (exits when not admitted).
+Admit = Callable[[float | None], int]
 
 _pending: list[Admit] = []
 _started: list[float] = []
 _peers: dict[str, str] = {}
+_measured: list[float] = []
 
 
 def defer(admit: Admit) -> None:
@@ -75,14 +77,25 @@ def warm_up(step: Callable[[], object]) -> bool:
 
     Give it the compiled training step on an example batch of the shape the ring will use
     (``lambda: train_step(x, y)``, or ``lambda: model.train_on_batch(x, y)`` for Keras ``fit``):
-    its first trace then happens before the process joins. Its effect on the state is undone
-    when the process joins; outside a warm joiner it does nothing, so scripts call it always.
+    its first trace then happens before the process joins. It runs twice: the second run's time
+    (no trace) goes to the launcher, which compares it with the ring's share of a step (a slow
+    machine is reported before it slows the ring). Its effect on the state is undone when the
+    process joins; outside a warm joiner it does nothing, so scripts call it always.
     """
     if not provisional():
         return False
     began = time.monotonic()
     step()
-    log.info("slot %s: warm-up step took %.2f s", runtime.slot(), time.monotonic() - began)
+    traced = time.monotonic()
+    step()
+    done = time.monotonic()
+    _measured[:] = [done - traced]
+    log.info(
+        "slot %s: warm-up step took %.2f s, then %.4f s traced",
+        runtime.slot(),
+        traced - began,
+        done - traced,
+    )
     return True
 
 
@@ -105,7 +118,7 @@ def join(state: Any) -> None:  # noqa: ANN401 - a Horovod elastic state of any k
         runtime.slot(),
         ready - _started[0],
     )
-    epoch = admit()
+    epoch = admit(_measured[0] if _measured else None)
     os.environ.update(_peers)
     hvd.shutdown()
     hvd.init()

@@ -857,6 +857,20 @@ class Launcher:
                 )
                 if self.settings.job.straggler_policy is StragglerPolicy.EVICT:
                     decisions += self._evict(policy, view, straggler, len(ring.slots))
+            for slot, stored in job.procs.items():
+                warmup = stored.record.warmup_step
+                if slot in ring.slots or warmup is None:
+                    continue
+                newcomer = self.stragglers.newcomer(slot, stored.record.incarnation, warmup)
+                if newcomer is None:
+                    continue
+                decisions.append(Log(newcomer.describe()))
+                if newcomer.slow:
+                    decisions.append(
+                        MembershipChange(
+                            ChangeKind.STRAGGLER, ring.epoch, (slot,), newcomer.describe()
+                        )
+                    )
         for lost in self.state_loss.step(reports.values()):
             message = lost.describe()
             decisions.append(Log(message))

@@ -8,8 +8,10 @@ step (its compute, its input pipeline), measured on its own clock. A rank whose 
 above ``factor`` times the median share of the other ranks, over a window of ``window``
 reports of its own, is a straggler. It is announced once, and again only after it recovered
 (its share back under ``factor`` times the median) and fell behind anew. A uniformly slow ring
-has no straggler: every share is slow alike. Rings where a rank reports no wait (Keras ``fit``,
-scripts that allreduce by themselves) are not judged.
+has no straggler: every share is slow alike. Rings where a rank reports no wait (scripts that
+allreduce by themselves) are not judged. A warm joiner's step at a ring of one, timed after its
+trace (``--warm-join``), is compared with the ring's share the same way when it asks to join
+(:meth:`StragglerWatch.newcomer`): a slow one is reported before it slows the ring.
 """
 
 from __future__ import annotations
@@ -55,6 +57,36 @@ class Straggler:
         )
 
 
+@dataclass(frozen=True)
+class Newcomer:
+    """A warm joiner's step at a ring of one (``warmup``, seconds) against the ring's share."""
+
+    slot: str
+    warmup: float
+    ring: float
+    factor_limit: float
+
+    @property
+    def factor(self) -> float:
+        return self.warmup / self.ring if self.ring > 0 else float("inf")
+
+    @property
+    def slow(self) -> bool:
+        """Whether it would be a straggler: its step above the limit times the ring's share."""
+        return self.factor > self.factor_limit
+
+    def describe(self) -> str:
+        verdict = (
+            "slow: it would hold the ring back (it joins; the watch judges it again once it trains)"
+            if self.slow
+            else "not slow"
+        )
+        return (
+            f"slot {self.slot} warmed up: one step {self.warmup:.3f} s at a ring of one, "
+            f"{self.factor:.1f}x the ring's share of a step ({self.ring:.3f} s): {verdict}"
+        )
+
+
 class StragglerWatch:
     """Keeps each ring member's recent shares and names the ranks that lag (module docstring)."""
 
@@ -65,6 +97,9 @@ class StragglerWatch:
         self._ticks: dict[tuple[str, int], int] = {}
         self._shares: dict[tuple[str, int], deque[float]] = {}
         self._announced: set[tuple[str, int]] = set()
+        #: The newest median share of a step of each ring member with a full window.
+        self._medians: dict[tuple[str, int], float] = {}
+        self._newcomers: set[tuple[str, int]] = set()
 
     def step(
         self, members: Sequence[str], reports: Mapping[str, ProgressReport]
@@ -88,6 +123,7 @@ class StragglerWatch:
         if len(keys) < 2 or any(len(self._shares.get(key, ())) < self.window for key in keys):
             return []
         medians = {key: statistics.median(self._shares[key]) for key in keys}
+        self._medians = medians
         found = []
         for key in keys:
             others = statistics.median(m for k, m in medians.items() if k != key)
@@ -99,9 +135,20 @@ class StragglerWatch:
                 self._announced.discard(key)
         return found
 
+    def newcomer(self, slot: str, incarnation: int, warmup: float) -> Newcomer | None:
+        """A warm joiner's warm-up step against the ring's share of a step (the median of the
+        members' medians), once per process; None while the ring has no full window yet, or
+        once judged."""
+        key = (slot, incarnation)
+        if key in self._newcomers or not self._medians:
+            return None
+        self._newcomers.add(key)
+        ring = statistics.median(self._medians.values())
+        return Newcomer(slot, warmup, ring, self.factor)
+
     def _forget(self, current: set[tuple[str, int]]) -> None:
         """Drop what was kept about processes no longer in the ring."""
-        for table in (self._ticks, self._shares):
+        for table in (self._ticks, self._shares, self._medians):
             for key in [k for k in table if k not in current]:
                 del table[key]
         self._announced &= current

@@ -52,7 +52,7 @@ RECORDS: dict[str, Any] = {
     keys.JOB_STATUS: JobStatus(JobPhase.FAILED, "slot n0.0 crashed", leader=7587),
     keys.PROGRESS: Progress.of({"step": 12, "epoch": 1, "commit_id": 3, "lr": 0.5}, 2),
     keys.member("n0"): MemberRecord("10.0.0.2", 2, 1234, leaving=True),
-    keys.proc("n0.1"): ProcRecord(99, 2, ProcPhase.TRAINING, 7, 3),
+    keys.proc("n0.1"): ProcRecord(99, 2, ProcPhase.TRAINING, 7, 3, 0.25),
     keys.exit_("n0.1", 2): ExitRecord.from_returncode(-9, ("Traceback", "boom")),
     keys.directive("n0"): Directive(((0, 1), (1, 3)), leader=7587),
     keys.RANKS: RanksRecord(
@@ -146,6 +146,11 @@ MALFORMED: list[tuple[type[Any], JsonValue, str]] = [
     (MemberRecord, {"host": "h", "slots": 1, "leaving": "yes"}, "true or false"),
     (ProcRecord, {"pid": 3, "incarnation": 1, "phase": "dancing"}, "one of 'starting'"),
     (ProcRecord, {"pid": 3, "incarnation": 0, "phase": "starting"}, "integer >= 1"),
+    (
+        ProcRecord,
+        {"pid": 3, "incarnation": 1, "phase": "starting", "warmup_step": -1},
+        "a number >= 0",
+    ),
     (ExitRecord, {"code": None, "signal": None}, "either a code or a signal"),
     (ExitRecord, {"code": 1, "signal": 9}, "either a code or a signal"),
     (ExitRecord, {"code": 1, "tail": [1, 2]}, "list of strings"),

@@ -96,6 +96,25 @@ def test_a_rank_without_a_measured_wait_or_a_missing_report_stops_the_judging() 
     assert watch.step(RING, partial) == []
 
 
+def test_a_warm_joiner_s_step_is_judged_against_the_ring_s_share_once() -> None:
+    watch, ranks = StragglerWatch(factor=2.0, window=3), Ranks()
+    feed(watch, ranks, 2, n0=0.05, n1=0.06, n2=0.07)
+    assert watch.newcomer("j9.0", 1, 0.5) is None  # no full window yet: judged later
+    feed(watch, ranks, 1, n0=0.05, n1=0.06, n2=0.07)
+    slow = watch.newcomer("j9.0", 1, 0.15)
+    assert slow is not None and slow.slow and slow.ring == pytest.approx(0.06)
+    assert slow.factor == pytest.approx(2.5)
+    assert "slot j9.0 warmed up: one step 0.150 s" in slow.describe()
+    assert "2.5x the ring's share of a step (0.060 s): slow" in slow.describe()
+    assert watch.newcomer("j9.0", 1, 0.15) is None  # once per process
+    fine = watch.newcomer("j9.0", 2, 0.1)  # its next incarnation is judged again
+    assert fine is not None and not fine.slow and fine.describe().endswith("not slow")
+    # A ring uniformly slower than the newcomer's machine: never slow.
+    assert watch.newcomer("j8.0", 1, 0.01) is not None
+    judged = watch.newcomer("j7.0", 1, 0.12)
+    assert judged is not None and not judged.slow
+
+
 def test_the_wait_travels_in_the_progress_report() -> None:
     report = ProgressReport(1, 3, step_seconds=0.25, collective_seconds=0.125)
     assert ProgressReport.decode(report.encode()) == report

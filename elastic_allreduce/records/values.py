@@ -115,6 +115,14 @@ class _Fields:
             raise self._bad(name, "a finite number")
         return float(raw)
 
+    def opt_number(self, name: str, *, minimum: float) -> float | None:
+        if not self.has(name):
+            return None
+        number = self.number(name, 0.0)
+        if number < minimum:
+            raise self._bad(name, f"a number >= {minimum:g}")
+        return number
+
     def text(self, name: str) -> str:
         raw = self.value.get(name)
         if not isinstance(raw, str):
@@ -404,6 +412,9 @@ class ProcRecord:
     lease: int | None = None
     #: The first ring epoch it was admitted to (TRAINING and later).
     epoch: int | None = None
+    #: A warm joiner's seconds for one step of its warm-up at a ring of one, after the trace
+    #: (None: not measured).
+    warmup_step: float | None = None
 
     def to_json(self) -> JsonValue:
         return {
@@ -412,6 +423,7 @@ class ProcRecord:
             "phase": self.phase.value,
             "lease": self.lease,
             "epoch": self.epoch,
+            "warmup_step": self.warmup_step,
         }
 
     @classmethod
@@ -423,6 +435,7 @@ class ProcRecord:
             fields.enum("phase", ProcPhase),
             fields.opt_integer("lease"),
             fields.opt_integer("epoch", minimum=0),
+            fields.opt_number("warmup_step", minimum=0.0),
         )
 
 

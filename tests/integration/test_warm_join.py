@@ -62,6 +62,9 @@ def test_a_warm_joiner_sets_up_before_it_joins_and_the_survivors_do_not_wait_for
     assert any("warm-up step took" in line for line in joiner.lines), joiner.tail()
     assert any("ready to join" in line for line in joiner.lines), joiner.tail()
     assert joiner.commits() and joiner.commits()[0].data["size"] == 3, joiner.tail()
+    # Its warm-up step (timed after the trace) was compared with the ring's share of a step.
+    slot = joiner.commits()[0].slot
+    assert any(f"slot {slot} warmed up: one step" in line for line in job.lines), job.tail(60)
 
     # Everyone ends with the same weights: the joiner got the ring's state, not its warm-up's.
     done = job.done() + joiner.done()
