@@ -857,9 +857,11 @@ class Launcher:
                 )
                 if self.settings.job.straggler_policy is StragglerPolicy.EVICT:
                     decisions += self._evict(policy, view, straggler, len(ring.slots))
+            # A warm joiner when it asks to join (or, when the ring had no full window yet
+            # then, as soon as it has one).
             for slot, stored in job.procs.items():
                 warmup = stored.record.warmup_step
-                if slot in ring.slots or warmup is None:
+                if warmup is None:
                     continue
                 newcomer = self.stragglers.newcomer(slot, stored.record.incarnation, warmup)
                 if newcomer is None:
