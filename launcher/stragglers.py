@@ -30,6 +30,11 @@ DEFAULT_FACTOR: Final = 2.0
 DEFAULT_WINDOW: Final = 10
 
 
+def times(share: float, base: float) -> float:
+    """How many times ``base`` a ``share`` of a step is (infinite over a base of 0)."""
+    return share / base if base > 0 else float("inf")
+
+
 @dataclass(frozen=True)
 class Straggler:
     """``slot``'s own share of a step (median over the window) against the other ranks'."""
@@ -40,7 +45,7 @@ class Straggler:
 
     @property
     def factor(self) -> float:
-        return self.share / self.others if self.others > 0 else float("inf")
+        return times(self.share, self.others)
 
     def faster_without(self, size: int) -> bool:
         """Whether a ring of ``size`` ranks would step faster without this one: with a fixed
@@ -68,7 +73,7 @@ class Newcomer:
 
     @property
     def factor(self) -> float:
-        return self.warmup / self.ring if self.ring > 0 else float("inf")
+        return times(self.warmup, self.ring)
 
     @property
     def slow(self) -> bool:
