@@ -20,6 +20,7 @@ from tests.helpers.leftovers import (  # noqa: F401 - hooks: the session-end lef
     pytest_sessionfinish,
     pytest_sessionstart,
     pytest_terminal_summary,
+    pytest_testnodedown,
 )
 from tests.helpers.tls import TlsEtcd, start_tls_etcd
 

@@ -146,7 +146,7 @@ def test_the_failure_check_sees_a_killed_peer_fail_the_survivor_which_re_initial
     )
     report = gpu_check.result_line(done.stdout)
     assert report is not None, done.stdout + done.stderr
-    assert report["status"] == "ok", report
+    assert report["status"] == "ok", json.dumps(report, indent=1) + done.stderr[-3000:]
     steps = report["steps"]
     assert steps["reinit_without_failure"]["correct"] == [True, True]
     for name in ("killed_between_collectives", "killed_inside_collectives"):

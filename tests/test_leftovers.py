@@ -193,15 +193,29 @@ def test_cleans_up_but_sees_another_process():
 """
 
 
-def run_session(folder: Path, test: str) -> subprocess.CompletedProcess[str]:
-    """Run ``test`` in a pytest session of its own with the leftover check as its plugin."""
+TEMP_TEST = """
+import os, subprocess, sys, tempfile
+from pathlib import Path
+
+def test_starts_a_process_that_leaves_a_temp_file():
+    script = "import tempfile; print(tempfile.mkstemp(suffix='.left')[1])"
+    made = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    Path("children.tmp").write_text(os.environ["TMPDIR"] + "\\n" + made.stdout.strip())
+    Path("own.tmp").write_text(tempfile.gettempdir())
+"""
+
+
+def run_session(folder: Path, test: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """Run ``test`` in a pytest session of its own with the leftover check as its plugin
+    (``options``: more of pytest's, such as xdist's ``-n``)."""
     (folder / "pytest.ini").write_text("[pytest]\n")
     (folder / "test_it.py").write_text(test)
     return subprocess.run(
         [
             *(sys.executable, "-m", "pytest", "-p", "tests.helpers.leftovers", "-p"),
             *("no:cacheprovider", "-c", str(folder / "pytest.ini"), "--rootdir", str(folder)),
-            *("--leftover-grace", "1", str(folder / "test_it.py")),
+            *("--leftover-grace", "1", *options, str(folder / "test_it.py")),
         ],
         cwd=folder,  # where the test writes its pid files
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -236,3 +250,29 @@ def test_a_clean_session_passes_and_leaves_other_processes_alone(
     assert done.returncode == pytest.ExitCode.OK, output
     assert "left behind by the tests" not in output, output
     assert leftovers.is_running(foreign)  # not this session's: neither counted nor killed
+
+
+def test_under_xdist_a_workers_leftover_fails_the_run_and_the_controller_names_it(
+    tmp_path: Path, pids_to_kill: list[int]
+) -> None:
+    done = run_session(tmp_path, LEAKING_TEST, "-n", "1")
+    leaked = int((tmp_path / "leaked.pid").read_text())
+    pids_to_kill.append(leaked)
+    output = done.stdout + done.stderr
+    assert "1 passed" in output, output
+    assert done.returncode == pytest.ExitCode.TESTS_FAILED, output
+    assert f"[gw0] process still running, killed: pid {leaked} (training process)" in output
+    assert not leftovers.is_running(leaked)
+
+
+def test_what_the_tests_processes_leave_in_the_temp_folder_goes_with_the_session(
+    tmp_path: Path,
+) -> None:
+    done = run_session(tmp_path, TEMP_TEST)
+    assert done.returncode == pytest.ExitCode.OK, done.stdout + done.stderr
+    scratch, left = (tmp_path / "children.tmp").read_text().splitlines()
+    assert Path(left).parent == Path(scratch)  # the child's temp file was in the scratch
+    assert not Path(scratch).exists()  # and the session removed it, with the file
+    # The pytest process itself kept the temp folder it was started with (this session's
+    # scratch, which run_session passed on), so its own tmp_path folders are not removed.
+    assert (tmp_path / "own.tmp").read_text() == os.environ["TMPDIR"] != scratch

@@ -11,9 +11,14 @@ the test cluster's, see :mod:`tests.helpers.kube.cluster`).
 
 At the end of the session (:func:`pytest_sessionfinish`, imported by ``tests/conftest.py``)
 leftovers get a grace period to exit; those still there are reported, killed, and fail the
-run. Temp folders are not checked: with several sessions on one machine, a folder's name and
-age do not tell whose it is (a test that starts processes gives them a ``TMPDIR`` of its own
-and removes it, as the demo test does).
+run. Temp files go into a folder of the session's own: ``TMPDIR`` of every process it starts
+names it (what a killed process leaves there, TensorFlow's autograph files among them, would
+otherwise pile up in /tmp), and it is removed at the end (the pytest process itself keeps the
+machine's temp folder, so pytest's own ``tmp_path`` folders are not affected).
+
+Under pytest-xdist (``make test`` runs two workers) every worker is a session of its own and
+checks what it started; its findings travel to the controller in ``workeroutput``, and the
+controller fails the run and prints them.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import os
 import secrets
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pytest
 
@@ -258,12 +264,25 @@ def remove_namespaces(names: Iterable[str]) -> list[str]:
 class _Session:
     token: str
     root: int
+    scratch: Path
     processes: list[Leftover]
     namespaces: list[str]
     problems: list[str]
+    #: What the xdist workers found (the controller's session only), one line each.
+    from_workers: list[str]
+
+    def lines(self) -> list[str]:
+        """The findings, as the summary prints them."""
+        return [
+            *(f"process still running, killed: {process}" for process in self.processes),
+            *(f"network namespace still present, removed: {name}" for name in self.namespaces),
+            *(f"cleanup failed: {problem}" for problem in self.problems),
+        ]
 
 
 _state_key = pytest.StashKey[_Session]()
+#: The key of an xdist worker's findings in its ``workeroutput``.
+_WORKER_KEY: Final = "elastic_allreduce_leftovers"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -277,10 +296,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Mark every process this session will start (they inherit the environment)."""
+    """Mark every process this session will start (they inherit the environment) and give them
+    a temp folder of the session's own."""
     token = new_token()
     os.environ[SESSION_MARKER] = token
-    session.config.stash[_state_key] = _Session(token, os.getpid(), [], [], [])
+    # Pins this process's temp folder (tempfile caches it) before TMPDIR names the scratch.
+    scratch = Path(tempfile.mkdtemp(prefix="eat-", dir=tempfile.gettempdir()))
+    os.environ["TMPDIR"] = str(scratch)
+    session.config.stash[_state_key] = _Session(token, os.getpid(), scratch, [], [], [], [])
+
+
+def _worker_output(config: pytest.Config) -> dict[str, Any] | None:
+    """What an xdist worker sends its controller at its end (None outside a worker)."""
+    output: dict[str, Any] | None = getattr(config, "workeroutput", None)
+    return output
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """(xdist's controller) Keep what a finished worker's session-end check found."""
+    state = node.config.stash.get(_state_key, None)
+    found = getattr(node, "workeroutput", {}).get(_WORKER_KEY, [])
+    if state is not None and found:
+        worker = getattr(getattr(node, "gateway", None), "id", "a worker")
+        state.from_workers += [f"[{worker}] {line}" for line in found]
 
 
 @pytest.hookimpl(trylast=True)  # after the runner tore down the session's fixtures
@@ -301,19 +340,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         still = kill_all(ours)
         state.problems += [f"could not kill {process}" for process in still]
     state.problems += remove_namespaces(state.namespaces)
-    if (state.processes or state.namespaces or state.problems) and session.exitstatus == 0:
+    shutil.rmtree(state.scratch, ignore_errors=True)
+    output = _worker_output(session.config)
+    if output is not None:
+        output[_WORKER_KEY] = state.lines()
+    if (state.lines() or state.from_workers) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Show what the session-end check found (it runs before the summary is written)."""
     state = terminalreporter.config.stash.get(_state_key, None)
-    if state is None or not (state.processes or state.namespaces or state.problems):
+    if state is None or not (state.lines() or state.from_workers):
         return
     terminalreporter.write_sep("=", "left behind by the tests (the run fails)", red=True)
-    for process in state.processes:
-        terminalreporter.write_line(f"process still running, killed: {process}")
-    for name in state.namespaces:
-        terminalreporter.write_line(f"network namespace still present, removed: {name}")
-    for problem in state.problems:
-        terminalreporter.write_line(f"cleanup failed: {problem}")
+    for line in [*state.from_workers, *state.lines()]:
+        terminalreporter.write_line(line)

@@ -40,6 +40,8 @@ GPUS_PER_NODE = 2
 VOLUMES = 12
 #: Seconds a cold build may take (about 6 minutes on 2 cores).
 BUILD_TIMEOUT = 1800.0
+#: Held while ``make kube-build`` runs (one build at a time on this checkout).
+BUILD_LOCK = ROOT / "build" / "kube-build.lock"
 
 
 class _Build:
@@ -70,8 +72,12 @@ class _Build:
                 )
             return  # stale but present: use it
         self._output = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by wait()
+        # Under pytest-xdist every worker collects these tests and gets here: the lock lets one
+        # build while the others wait, then find the binary up to date.
+        BUILD_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        build = ["flock", str(BUILD_LOCK), *make, "kube-build"]
         self._running = subprocess.Popen(
-            ["nice", "-n", "19", *make, "kube-build"] if background else [*make, "kube-build"],
+            ["nice", "-n", "19", *build] if background else build,
             stdout=self._output,
             stderr=subprocess.STDOUT,
             text=True,
@@ -124,10 +130,14 @@ def _here(item: pytest.Item) -> bool:
     return Path(__file__).parent in Path(item.path).parents
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Start the build when a test of this folder was collected: in the background unless
-    these tests come first."""
+    these tests come first. These tests are one xdist group (``--dist loadgroup``), so that one
+    worker starts the session's cluster, not every worker one of its own."""
     mine = [item for item in items if _here(item)]
+    for item in mine:
+        item.add_marker(pytest.mark.xdist_group("kube"))
     if _build.decided or not mine:
         return
     background = not _here(items[0])
