@@ -20,12 +20,12 @@ lint: setup
 	$(BIN)/lint-imports
 
 # The suite runs on TEST_WORKERS pytest-xdist workers: a job test's processes mostly wait (on
-# 2 cores one test used about a third of the CPU), so two at a time nearly halve the run.
-# The Kubernetes tests are one group (one worker, one cluster). TEST_WORKERS=0: one process.
+# 2 cores one test used about a third of the CPU), so two at a time nearly halve the run
+# (docs/contributing.md#running-the-tests). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/pytest -m "not known_bug" -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -m "not known_bug" -n $(TEST_WORKERS)
 
 # The suite of `make test` under coverage.py, every Python process it starts measured too
 # (pyproject.toml's [tool.coverage.*]; docs/contributing.md#coverage): prints the report with the

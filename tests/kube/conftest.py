@@ -130,14 +130,12 @@ def _here(item: pytest.Item) -> bool:
     return Path(__file__).parent in Path(item.path).parents
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Start the build when a test of this folder was collected: in the background unless
-    these tests come first. These tests are one xdist group (``--dist loadgroup``), so that one
-    worker starts the session's cluster, not every worker one of its own."""
+    these tests come first. Under pytest-xdist each worker that runs one of these tests starts
+    a cluster of its own (session fixture): their namespaces and addresses are private to them.
+    """
     mine = [item for item in items if _here(item)]
-    for item in mine:
-        item.add_marker(pytest.mark.xdist_group("kube"))
     if _build.decided or not mine:
         return
     background = not _here(items[0])
