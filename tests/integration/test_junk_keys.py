@@ -17,9 +17,6 @@ from tests.integration.harness import UNTIL_SCRIPT, Job, run_cli, slot_of_rank, 
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-STEPS = 200
-TRAIN = ("--steps", str(STEPS), "--commit-every", "5", "--step-delay", "0.03")
-
 #: Values a foreign or buggy writer could leave, each under a key readers list.
 JUNK = {
     "procs/x": {"pid": 1},
@@ -33,9 +30,17 @@ JUNK = {
 
 
 def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
-    job = start_job(etcd_server, "--workers", "3", "--max-restarts", "1", script_args=TRAIN)
+    """The job trains until the restarted rank is back in the ring (its import may take long
+    on a loaded machine): a job of fixed length could end on two ranks before."""
+    stop_file = tmp_path / "stop"
+    job = start_job(
+        etcd_server,
+        *("--workers", "3", "--max-restarts", "1"),
+        script=UNTIL_SCRIPT,
+        script_args=until(stop_file),
+    )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(3)) >= 3, 120, "commits at size 3")
     for key, value in JUNK.items():
@@ -50,11 +55,18 @@ def test_junk_keys_in_a_live_job_are_skipped_and_the_job_finishes(
     job.store.put(keys.directive("n0"), {"slots": {}, "leader": leader.lease + 1})
     # A crash after the junk landed: the launcher and the agents must act through it.
     victim = slot_of_rank(job, 2, 3)
+    epochs_before = {e.epoch for e in job.commits()}
     os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
     status = run_cli("status", "--etcd", etcd_server.endpoints_text, "--job-id", job.job_id)
+    job.wait_for(
+        lambda: any(e.slot == victim and e.epoch not in epochs_before for e in job.commits(3)),
+        120,
+        "the restarted rank back in the ring",
+    )
+    stop_file.touch()
     assert job.finish() == 0, job.tail()
     done = job.done()
-    assert len(done) == 3 and {e.data["step"] for e in done} == {STEPS}, job.tail(400)
+    assert len(done) == 3 and len({e.data["step"] for e in done}) == 1, job.tail(400)
     assert len({e.data["checksum"] for e in done}) == 1
     crashed = f"slot {victim} crashed: killed by SIGKILL"
     assert any(crashed in line and "restarting it" in line for line in job.lines), job.tail()
