@@ -110,18 +110,26 @@ def test_sigkill_of_one_of_three_workers_continues_at_size_two(
 
 @pytest.mark.parametrize("script", SCRIPTS.values(), ids=SCRIPTS.keys())
 def test_a_joining_worker_gets_the_committed_state_and_nobody_rolls_back(
-    etcd_server: EmbeddedEtcd, jobs: list[Job], script: str
+    etcd_server: EmbeddedEtcd, jobs: list[Job], script: str, tmp_path: Path
 ) -> None:
+    """The ring waits at its commits from step 100 on until the joiner is in (a hold file):
+    on a loaded machine the joiner's import could outlast the job's 300 steps."""
+    hold_file = tmp_path / "hold"
+    hold_file.touch()
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-workers", "3", *ALL_AT_START),
         script=script,
-        script_args=TRAIN,
+        script_args=(*TRAIN, "--hold-file", str(hold_file), "--hold-at", "100"),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 4, 90, "commits at size 2")
     joiner = join_job(etcd_server, job)
     jobs.append(joiner)
+    joiner.wait_for(
+        lambda: any(e.data.get("size") == 3 for e in joiner.events), 120, "the joiner in the ring"
+    )
+    hold_file.unlink()
     joiner.wait_for(lambda: bool(joiner.commits(3)), 90, "the joiner's first commit")
     assert job.finish() == 0, job.tail()
     assert joiner.finish(30) == 0, joiner.tail()

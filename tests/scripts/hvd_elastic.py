@@ -7,7 +7,10 @@ than its share means some steps were rolled back and run again. The first time t
 function runs in a process past step 0 (the state synced from a peer or, under elastic-run,
 loaded from the slot's snapshot in shared memory), it prints {"event": "resumed", ...}.
 ``--wait-for-snapshot`` prints a commit only once it is in the slot's snapshot (the method
-elastic-run adds to Horovod's state; nothing outside elastic-run).
+elastic-run adds to Horovod's state; nothing outside elastic-run). With ``--hold-file F`` the
+ring waits at each commit from step ``--hold-at`` on while F exists, taking membership changes
+meanwhile and printing {"event": "held", "size": N, ...} once per size: a test lets a slow
+joiner in before the fixed number of steps runs out, however loaded the machine.
 """
 
 import argparse
@@ -24,6 +27,8 @@ parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--step-delay", type=float, default=0.02)
 parser.add_argument("--wait-for-snapshot", action="store_true")
+parser.add_argument("--hold-file")
+parser.add_argument("--hold-at", type=int, default=1)
 args = parser.parse_args()
 
 hvd.init()
@@ -72,6 +77,23 @@ def report(event: str, state) -> None:
     )
 
 
+def held() -> bool:
+    """Whether any rank still sees the hold file (all ranks get the same answer)."""
+    wanted = 1.0 if os.path.exists(args.hold_file) else 0.0
+    return float(hvd.allreduce(tf.constant(wanted), name="held")) > 0
+
+
+def hold(state) -> None:
+    """Wait at a commit while the hold file exists; a membership change interrupts it here."""
+    shown = None
+    while held():
+        if shown != hvd.size():
+            shown = hvd.size()
+            report("held", state)
+        time.sleep(0.05)
+        state.check_host_updates()
+
+
 @hvd.elastic.run
 def train(state):
     if not started[0]:
@@ -79,6 +101,9 @@ def train(state):
         if state.step > 0:
             report("resumed", state)
     while state.step < args.steps:
+        on_commit = state.step % args.commit_every == 0
+        if args.hold_file and on_commit and state.step >= args.hold_at:
+            hold(state)
         train_step(features, labels)
         state.step += 1
         steps_run[0] += 1
