@@ -11,14 +11,16 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +38,24 @@ _HOROVODRUN_LINE = re.compile(r"^\[(?P<index>\d+)\]<stdout>:(?P<text>.*)$")
 
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def own_temp_folder() -> Iterator[Path]:
+    """``TMPDIR`` of every process started meanwhile names a folder of the run's own, removed
+    at the end: a benchmark kills many training processes, and each leaves TensorFlow's
+    autograph files in its temp folder. This process keeps the machine's (pinned first)."""
+    folder = Path(tempfile.mkdtemp(prefix="eab-", dir=tempfile.gettempdir()))
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class BenchError(RuntimeError):

@@ -1396,6 +1396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     samples = int(0.8 * len(load_digits().images))  # cnn_digits.py's training split
     started, began = datetime.now(UTC), time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="elastic-allreduce-soak-"))
+    # What the killed processes leave in their temp folder (autograph files) goes with workdir.
+    (workdir / "tmp").mkdir()
+    os.environ["TMPDIR"] = str(workdir / "tmp")
     args.log.parent.mkdir(parents=True, exist_ok=True)
     hosts = TestHosts(1 + WORKER_HOSTS)
     runs: dict[str, dict[str, Any] | None] = {"clean": None, "soak": None}

@@ -46,7 +46,7 @@ from bench.items import (  # noqa: E402
     throughput,
 )
 from bench.items.context import Context  # noqa: E402
-from bench.jobs import log  # noqa: E402
+from bench.jobs import log, own_temp_folder  # noqa: E402
 from elastic_allreduce.store import EmbeddedEtcd  # noqa: E402
 
 #: Item name -> what measures it, in the order they run (the sweep before the allreduce item,
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "item_runs": {},
     }
     log(f"{results['mode']} run of {chosen} on {results['machine']}")
-    with EmbeddedEtcd() as etcd:
+    with own_temp_folder(), EmbeddedEtcd() as etcd:
         ctx = Context(quick=args.quick, etcd=etcd)
         for name in (name for name in ITEMS if name in chosen):
             log(f"--- {name}")
