@@ -35,7 +35,7 @@ RANKS = 3
 
 
 def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
     """Every training process of a 3-rank ring SIGKILLed at once, no checkpoint folder: the
     restarted ones load their slot's snapshot (the last commit, not step 0), nothing is
@@ -45,20 +45,28 @@ def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
         etcd_server,
         *("--workers", str(RANKS), "--max-restarts", str(RANKS), *ALL_AT_START),
         script=EA_SCRIPT,
-        script_args=TRAIN,
+        script_args=(*TRAIN, *hold(tmp_path / "hold")),
     )
     jobs.append(job)
     folder = Path(shm_snapshot.DEFAULT_ROOT) / job.job_id
     try:
-        run_and_check(job, folder)
+        run_and_check(job, folder, tmp_path / "hold")
     finally:
         # A failed test's job is SIGKILLed with its agents, which then cannot clean up.
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def kill_all_after_snapshots(job: Job, folder: Path) -> int:
+def hold(hold_file: Path) -> tuple[str, ...]:
+    """The scripts' arguments that hold the ring at its commits while ``hold_file`` exists."""
+    return ("--hold-file", str(hold_file), "--hold-at", "1")
+
+
+def kill_all_after_snapshots(job: Job, folder: Path, hold_file: Path) -> tuple[int, float]:
     """Once every rank commits, check one snapshot folder per slot holding the newest commit
-    only (keep 1), then SIGKILL every rank after a commit; the last step committed."""
+    only (keep 1), then SIGKILL every rank after a commit; the last step committed and when
+    the ranks were killed (``time.monotonic()``). The
+    restarted ring is held at its first commit until all its ranks are back in it: on a loaded
+    machine a slow import could otherwise outlast the rest of the job on the others."""
     job.wait_for(lambda: len(job.commits(RANKS)) >= RANKS, 90, f"commits at size {RANKS}")
     # One folder per slot, each holding the newest snapshot only (keep 1).
     slots = sorted({e.slot for e in job.commits(RANKS)})
@@ -67,12 +75,24 @@ def kill_all_after_snapshots(job: Job, folder: Path) -> int:
         names = [p.name for p in (folder / slot).iterdir() if p.name.startswith("ckpt-")]
         assert len(names) == 1, names
     kill_every_rank_after_commits(job, RANKS)
-    return max(e.data["step"] for e in job.commits(RANKS))
+    killed = time.monotonic()
+    hold_file.touch()
+    epochs = {e.epoch for e in job.commits(RANKS)}
+    killed_at = max(e.data["step"] for e in job.commits(RANKS))
+    job.wait_for(
+        lambda: any(e.data.get("size") == RANKS and e.epoch not in epochs for e in job.events),
+        120,
+        f"the restarted ring at size {RANKS}",
+    )
+    hold_file.unlink()
+    # The dead ring's last lines may have been read only now.
+    last = max([killed_at, *(e.data["step"] for e in job.commits(RANKS) if e.epoch in epochs)])
+    return last, killed
 
 
-def run_and_check(job: Job, folder: Path) -> None:
+def run_and_check(job: Job, folder: Path, hold_file: Path) -> None:
     """Kill every rank after some commits; check the resume, the finish and the cleanup."""
-    killed_at = kill_all_after_snapshots(job, folder)
+    killed_at, _ = kill_all_after_snapshots(job, folder, hold_file)
     assert job.finish() == 0, job.tail()
     resumed = [e for e in job.events if e.data.get("event") == "resumed"]
     assert len(resumed) == RANKS, job.tail()
@@ -89,7 +109,7 @@ def run_and_check(job: Job, folder: Path) -> None:
 
 
 def test_a_plain_horovod_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
-    etcd_server: EmbeddedEtcd, jobs: list[Job]
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
     """The same with a script written only against Horovod's elastic API: its
     TensorFlowKerasState is snapshotted at each commit (the bootstrap's hooks), every restarted
@@ -100,20 +120,19 @@ def test_a_plain_horovod_ring_killed_at_once_resumes_from_its_snapshots_in_share
         etcd_server,
         *("--workers", str(RANKS), "--max-restarts", str(RANKS), *ALL_AT_START),
         script=HVD_SCRIPT,
-        script_args=(*TRAIN, "--wait-for-snapshot"),
+        script_args=(*TRAIN, "--wait-for-snapshot", *hold(tmp_path / "hold")),
     )
     jobs.append(job)
     folder = Path(shm_snapshot.DEFAULT_ROOT) / job.job_id
     try:
-        run_and_check_horovod(job, folder)
+        run_and_check_horovod(job, folder, tmp_path / "hold")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_and_check_horovod(job: Job, folder: Path) -> None:
+def run_and_check_horovod(job: Job, folder: Path, hold_file: Path) -> None:
     """Kill every rank after some commits; the restarted ring resumes from the last commit."""
-    killed_at = kill_all_after_snapshots(job, folder)
-    killed = time.monotonic()
+    killed_at, killed = kill_all_after_snapshots(job, folder, hold_file)
     assert job.finish() == 0, job.tail()
     # Printed at the first run of the training function, after the sync. The first restarted
     # ring holds the newest snapshot's step (one commit more only if a rank was killed between
