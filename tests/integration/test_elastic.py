@@ -317,6 +317,26 @@ def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: s
 NO_SNAPSHOTS = {"ELASTIC_ALLREDUCE_SNAPSHOT_ROOT": "off"}
 
 
+def hold(hold_file: Path) -> tuple[str, ...]:
+    """EA_SCRIPT's and HVD_SCRIPT's arguments that hold the ring at its commits while
+    ``hold_file`` exists (see :func:`hold_until_back`)."""
+    return ("--hold-file", str(hold_file), "--hold-at", "1")
+
+
+def hold_until_back(job: Job, hold_file: Path, size: int) -> None:
+    """Right after a test killed ranks: hold the ring at its next commit until a ring of
+    ``size`` has formed again. On a loaded machine a restarted process's import could
+    otherwise outlast the rest of a fixed-length job on the others."""
+    epochs = {e.epoch for e in job.events}
+    hold_file.touch()
+    job.wait_for(
+        lambda: any(e.data.get("size") == size and e.epoch not in epochs for e in job.events),
+        120,
+        f"a ring of {size} again",
+    )
+    hold_file.unlink()
+
+
 def kill_every_rank_after_commits(job: Job, size: int = 2) -> None:
     """SIGKILL every training process of a job of ``size`` workers at once, after a dozen
     commits."""
@@ -335,12 +355,13 @@ def test_the_job_resumes_from_its_checkpoint_when_every_worker_died(
         *("--workers", "2", "--max-restarts", "2", "--checkpoint-dir", str(checkpoints)),
         *("--keep-checkpoints", "1"),
         script=EA_SCRIPT,
-        script_args=TRAIN,
+        script_args=(*TRAIN, *hold(tmp_path / "hold")),
         env=NO_SNAPSHOTS,
     )
     jobs.append(job)
     kill_every_rank_after_commits(job)
     killed_at = max(e.data["step"] for e in job.commits(2))
+    hold_until_back(job, tmp_path / "hold", 2)
     assert job.finish() == 0, job.tail()
     resumed = [e for e in job.events if e.data.get("event") == "resumed"]
     assert len(resumed) == 2, job.tail()
@@ -622,9 +643,11 @@ def test_a_fixed_global_batch_matches_the_single_process_loss_at_any_size(
 
     single = final("--workers", "1")
     # Sizes 3 and, after the kill, 2 (a job of two from the start would show nothing more).
+    # All three in the first ring: a worker that started late would join a 20-step job too
+    # late for 8 steps at size 3.
     for flags, kill_at in [
-        (("--workers", "3"), None),
-        (("--workers", "3", "--max-restarts", "0"), 8),
+        (("--workers", "3", *ALL_AT_START), None),
+        (("--workers", "3", "--max-restarts", "0", *ALL_AT_START), 8),
     ]:
         result = final(*flags, kill_at=kill_at)
         assert result["loss"] == pytest.approx(single["loss"], rel=1e-5), (flags, kill_at)

@@ -25,6 +25,8 @@ from tests.integration.test_elastic import (
     STEPS,
     TRAIN,
     assert_consistent_finish,
+    hold,
+    hold_until_back,
     kill_every_rank_after_commits,
 )
 
@@ -56,11 +58,6 @@ def test_a_ring_killed_at_once_resumes_from_its_snapshots_in_shared_memory(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def hold(hold_file: Path) -> tuple[str, ...]:
-    """The scripts' arguments that hold the ring at its commits while ``hold_file`` exists."""
-    return ("--hold-file", str(hold_file), "--hold-at", "1")
-
-
 def kill_all_after_snapshots(job: Job, folder: Path, hold_file: Path) -> tuple[int, float]:
     """Once every rank commits, check one snapshot folder per slot holding the newest commit
     only (keep 1), then SIGKILL every rank after a commit; the last step committed and when
@@ -76,15 +73,9 @@ def kill_all_after_snapshots(job: Job, folder: Path, hold_file: Path) -> tuple[i
         assert len(names) == 1, names
     kill_every_rank_after_commits(job, RANKS)
     killed = time.monotonic()
-    hold_file.touch()
     epochs = {e.epoch for e in job.commits(RANKS)}
     killed_at = max(e.data["step"] for e in job.commits(RANKS))
-    job.wait_for(
-        lambda: any(e.data.get("size") == RANKS and e.epoch not in epochs for e in job.events),
-        120,
-        f"the restarted ring at size {RANKS}",
-    )
-    hold_file.unlink()
+    hold_until_back(job, hold_file, RANKS)
     # The dead ring's last lines may have been read only now.
     last = max([killed_at, *(e.data["step"] for e in job.commits(RANKS) if e.epoch in epochs)])
     return last, killed
@@ -176,7 +167,7 @@ def test_checkpoints_persisted_by_the_agents_bring_back_a_job_whose_nodes_all_di
         etcd_server,
         *("--workers", "2", "--max-restarts", "4", "--checkpoint-dir", str(checkpoints)),
         script=script,
-        script_args=(*TRAIN, *args),
+        script_args=(*TRAIN, *args, *hold(tmp_path / "hold")),
     )
     jobs.append(job)
     folder = Path(shm_snapshot.DEFAULT_ROOT) / job.job_id
@@ -191,6 +182,7 @@ def test_checkpoints_persisted_by_the_agents_bring_back_a_job_whose_nodes_all_di
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         killed_at = max(e.data["step"] for e in job.commits(2))
+        hold_until_back(job, tmp_path / "hold", 2)
         assert job.finish() == 0, job.tail()
     finally:
         # SIGKILLed agents cannot remove their slots' folders.
