@@ -7,9 +7,9 @@ this process executed; more than its share means steps were rolled back and run 
 """
 
 import argparse
-import os
 import time
 
+import hold_file
 import tensorflow as tf
 import tiny_model
 
@@ -39,29 +39,18 @@ if state.step > 0:
     emit("resumed", state)
 
 
-def held():
-    """Whether any rank still sees the hold file (all ranks get the same answer)."""
-    wanted = 1.0 if os.path.exists(args.hold_file) else 0.0
-    return float(ea.allreduce(tf.constant(wanted))) > 0
-
-
-def hold(state):
-    """Wait at a commit while the hold file exists; a membership change interrupts it here."""
-    shown = None
-    while held():
-        if shown != ea.size():
-            shown = ea.size()
-            emit("held", state)
-        time.sleep(0.05)
-        state.check_host_updates()
-
-
 @ea.run
 def train(state):
     while state.step < args.steps:
         on_commit = state.step % args.commit_every == 0
         if args.hold_file and on_commit and state.step >= args.hold_at:
-            hold(state)
+            hold_file.hold(
+                state,
+                args.hold_file,
+                agree=lambda wanted: float(ea.allreduce(tf.constant(wanted))),
+                size=ea.size,
+                report=emit,
+            )
         step_fn()
         state.step += 1
         steps_run[0] += 1

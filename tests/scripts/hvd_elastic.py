@@ -18,6 +18,7 @@ import json
 import os
 import time
 
+import hold_file
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
@@ -77,23 +78,6 @@ def report(event: str, state) -> None:
     )
 
 
-def held() -> bool:
-    """Whether any rank still sees the hold file (all ranks get the same answer)."""
-    wanted = 1.0 if os.path.exists(args.hold_file) else 0.0
-    return float(hvd.allreduce(tf.constant(wanted), name="held")) > 0
-
-
-def hold(state) -> None:
-    """Wait at a commit while the hold file exists; a membership change interrupts it here."""
-    shown = None
-    while held():
-        if shown != hvd.size():
-            shown = hvd.size()
-            report("held", state)
-        time.sleep(0.05)
-        state.check_host_updates()
-
-
 @hvd.elastic.run
 def train(state):
     if not started[0]:
@@ -103,7 +87,13 @@ def train(state):
     while state.step < args.steps:
         on_commit = state.step % args.commit_every == 0
         if args.hold_file and on_commit and state.step >= args.hold_at:
-            hold(state)
+            hold_file.hold(
+                state,
+                args.hold_file,
+                agree=lambda wanted: float(hvd.allreduce(tf.constant(wanted), name="held")),
+                size=hvd.size,
+                report=report,
+            )
         train_step(features, labels)
         state.step += 1
         steps_run[0] += 1
