@@ -662,9 +662,13 @@ class RingPolicy:
             del self.incarnations[slot]
             if (slot, incarnation) in self.handled_exits:
                 continue
-            self.handled_exits.add((slot, incarnation))
             node, _ = split_slot(slot)
             member = view.members.get(node)
+            if member is not None and member.leaving:
+                # Its node leaves gracefully: the process was told to go, and its agent's exit
+                # report (which may come seconds later on a loaded machine) says how it went.
+                continue
+            self.handled_exits.add((slot, incarnation))
             if self.finishing.get(slot) == incarnation:
                 # The script had ended well: a slow interpreter exit, not a hang.
                 self.finished.add(slot)
@@ -1080,8 +1084,14 @@ class RingPolicy:
             survivors = keep + tuple(s for s in survivors if s not in keep)
         candidates = {s: view.procs[s].registered for s in survivors}
         for slot, kind in view.waiting.items():
-            if kind == WaitKind.FRESH and slot in view.procs and self._usable(slot, view):
-                candidates.setdefault(slot, view.procs[slot].registered)
+            proc = view.procs.get(slot)
+            if (
+                kind == WaitKind.FRESH
+                and proc is not None
+                and (slot, proc.incarnation) not in self.handled_exits  # a dead one's request
+                and self._usable(slot, view)
+            ):
+                candidates.setdefault(slot, proc.registered)
         target = next_membership(survivors, candidates)
         if ring is None:
             per_node = collections.Counter(split_slot(s)[0] for s in target)
@@ -1102,8 +1112,11 @@ class RingPolicy:
         if ring.state is RingState.RUNNING and not died and not resets and target == ring.slots:
             self.below_min_since = None
             return []
-        if ring.state is RingState.FORMING and target == ring.slots:
+        if ring.state is RingState.FORMING and not died and target == ring.slots:
             return []
+        # A member of a forming epoch that died is re-formed for even when the same slots come
+        # back: its restarted process must not be admitted to the epoch formed for its
+        # predecessor (killed at once, a ring's exits are seen one by one).
         nodes = {split_slot(s)[0] for s in target}
         if len(nodes) < self.settings.min_workers:
             return self._check_min_wait(view, len(nodes))

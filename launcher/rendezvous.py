@@ -87,6 +87,10 @@ class ReadinessBoard:
         self._warm: dict[str, Admission] = {}
         #: The newest epoch any slot was admitted to.
         self._newest = 0
+        #: Each waiting slot's newest request: an older one is superseded (its process died
+        #: with the request open, and the slot's next process asks now).
+        self._tickets: dict[str, int] = {}
+        self._issued = 0
         self._on_change = on_change
         self._closed = False
 
@@ -94,19 +98,33 @@ class ReadinessBoard:
         """Register ``slot`` as ready and block until answered (REMOVED after ``timeout``).
 
         ``warm``: a warm joiner's barrier; its next RESET request in the epoch it is admitted
-        to is answered at once with the same ranks (:meth:`warm_init`)."""
+        to is answered at once with the same ranks (:meth:`warm_init`).
+
+        A second request for ``slot`` supersedes this one, which then returns REMOVED at once:
+        a SIGKILLed process leaves its request open here, and only the slot's live process can
+        ask again, so the answer must reach the newest request."""
         with self._cond:
+            self._issued += 1
+            ticket = self._issued
+            self._tickets[slot] = ticket
             self._warm.pop(slot, None)
             self._answers.pop(slot, None)
             self._waiting[slot] = kind
+            self._cond.notify_all()
         self._on_change()
         deadline = time.monotonic() + timeout
         with self._cond:
-            while slot not in self._answers and not self._closed:
+            while (
+                slot not in self._answers and self._tickets.get(slot) == ticket and not self._closed
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
+            if self._tickets.get(slot) != ticket:
+                log.info("slot %s: a newer request of the slot superseded an open one", slot)
+                return Admission(-1, REMOVED)
+            del self._tickets[slot]
             self._waiting.pop(slot, None)
             answer = self._answers.pop(slot, None)
             if warm and answer is not None and answer.admitted:

@@ -7,7 +7,9 @@ from typing import TypeVar
 
 import pytest
 
+from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.values import (
+    NOT_ADMITTED_EXIT_CODE,
     STATE_MISMATCH_EXIT_CODE,
     JobSettings,
     Ring,
@@ -212,6 +214,26 @@ def test_a_graceful_leave_is_a_resize_and_the_leaver_is_told_it_is_removed() -> 
     released = {s: a for d in of(ReleaseWaiters, decisions) for s, a in d.answers}
     assert released["n2.0"] == REMOVED
     assert (released["n0.0"].rank, released["n1.0"].rank) == (0, 1)
+
+
+def test_a_leaver_whose_lease_goes_before_its_exit_report_left_and_did_not_hang() -> None:
+    """A loaded machine's order for a graceful leave (make test under load, 2026-12-05): the
+    removed process's lease went 2.4 s before its agent's exit report, and the launcher said
+    'lost its lease (hung or unreachable)' and then never that the slot left."""
+    policy, world, _ = started_job(max_restarts=1)
+    world.members["n2"] = Member("n2", 1, True, world.members["n2"].registered)
+    step(policy, world)
+    world.waiting.update({s: WaitKind.RESET for s in ("n0.0", "n1.0", "n2.0")})
+    step(policy, world)
+    del world.procs["n2.0"]  # told it is removed, it exits; its lease goes first
+    decisions = step(policy, world)
+    assert not any("lost its lease" in d.message for d in of(Log, decisions)), decisions
+    assert of(MembershipChange, decisions) == []
+    world.now += 5.0
+    world.exits.append(Exit("n2.0", 1, NOT_ADMITTED_EXIT_CODE, None))
+    decisions = step(policy, world)
+    assert [d.message for d in of(Log, decisions)] == ["slot n2.0 left (not admitted)"]
+    assert of(SetDirective, decisions) == [] and policy.restarts_used == 0
 
 
 def test_a_lost_lease_replaces_the_hung_process_once_its_node_outlives_the_ttl() -> None:
@@ -727,3 +749,50 @@ def test_a_ring_written_before_incarnations_were_recorded_is_adopted_from_the_pr
     successor.adopt(stored, world.view(), {})
     assert stored.incarnation("n0.0") is None
     assert step(successor, world) == []
+
+
+def test_a_restarted_process_is_not_admitted_to_the_epoch_formed_for_its_predecessor() -> None:
+    """The whole ring SIGKILLed at once, its exits seen one by one (CI of 2026-12-05): each
+    exit re-forms the ring without the dead, so the last epoch formed names a slot whose process
+    is dead too. Its restarted process must start a new epoch, not run the one formed for its
+    predecessor: that left it alone in a stale epoch while the others formed a ring of their own."""
+    policy, world, slots = started_job(max_restarts=3)
+    last = slots[-1]
+    for slot in slots:
+        world.kill(slot)
+        step(policy, world)
+    ring = policy.ring
+    assert ring is not None and ring.slots == (last,) and ring.state is RingState.FORMING
+    stale = ring.epoch
+    world.add_node(split_slot(last)[0], incarnation=2)  # its restart reaches the barrier first
+    decisions = step(policy, world)
+    running = [d.ring for d in of(WriteRing, decisions) if d.ring.state is RingState.RUNNING]
+    assert [(r.epoch > stale, r.slots, r.incarnations) for r in running] == [(True, (last,), (2,))]
+    (release,) = of(ReleaseWaiters, decisions)
+    assert release.epoch == running[0].epoch
+    # The others come back and join the same ring, one epoch later.
+    for slot in slots[:-1]:
+        world.add_node(split_slot(slot)[0], incarnation=2)
+    decisions = step(policy, world)
+    assert policy.ring is not None and set(policy.ring.slots) == set(slots)
+
+
+def test_the_request_of_a_dead_process_does_not_make_it_a_candidate() -> None:
+    """A SIGKILLed process's barrier request stays open at the launcher, and its record until
+    its lease is revoked: with its exit reported it is neither admitted nor re-formed for over
+    and over (one epoch per step)."""
+    policy, world, slots = started_job(max_restarts=3)
+    world.kill(slots[0])
+    step(policy, world)  # the ring re-forms without it; its restart is asked for
+    proc = world.add_node("n0", incarnation=1)  # the dead one's record and request, seen again
+    assert proc == slots[0]
+    world.waiting.update({s: WaitKind.RESET for s in slots[1:]})
+    decisions = step(policy, world)
+    assert answers(decisions) == {"n1.0": 0, "n2.0": 1}
+    for _ in range(3):
+        assert of(WriteRing, step(policy, world)) == []
+    world.procs[slots[0]] = Proc(slots[0], 2, world.revision + 1)  # its restart asks
+    decisions = step(policy, world)
+    ring = of(WriteRing, decisions)[0].ring
+    assert ring.state is RingState.FORMING and ring.slots == ("n1.0", "n2.0", "n0.0")
+    assert ring.incarnations == (1, 1, 2)

@@ -1,7 +1,7 @@
 """Warm joiners (issue #15, item 1), in-process: the job option, the launcher's barrier for a
 warm joiner (its ``hvd.init()`` in the ring asks ``rank_and_size`` once more, which must not
-count as a reset), and ``warm_up`` outside a warm joiner. End to end:
-tests/integration/test_warm_join.py."""
+count as a reset), the barrier's one open request per slot, and ``warm_up`` outside a warm
+joiner. End to end: tests/integration/test_warm_join.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from elastic_allreduce import warm
 from elastic_allreduce.records.values import JobSettings
 from elastic_allreduce.rendezvous import protocol
-from elastic_allreduce.rendezvous.model import SlotAssignment
+from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
 from elastic_allreduce.rendezvous.protocol import Admission, WaitKind
 from launcher import job_options
 from launcher.rendezvous import ReadinessBoard, RendezvousService
@@ -105,6 +105,22 @@ def test_a_warm_joiner_s_init_after_a_newer_epoch_waits_as_a_reset() -> None:
     # A peer failed before the joiner initialised: epoch 3 re-formed with the others.
     admit(board, "n0.0", admission(3, 0, 3), kind=WaitKind.RESET)
     assert board.warm_init("j.0") is None
+
+
+def test_a_newer_request_of_a_slot_supersedes_an_open_one_and_gets_the_answer() -> None:
+    """A SIGKILLed process leaves its barrier request open at the launcher; its restarted
+    process asks again. The old request is answered REMOVED at once (it goes to a dead socket)
+    and the admission reaches the new one (both used to wait, and either took the answer)."""
+    board = ReadinessBoard(lambda: None)
+    dead = Waiter(board, "n0.0", WaitKind.RESET, warm=False)
+    wait_until_waiting(board, "n0.0")
+    live = Waiter(board, "n0.0", WaitKind.FRESH, warm=False)
+    assert dead.join() == Admission(-1, REMOVED)
+    assert board.waiting() == {"n0.0": WaitKind.FRESH}
+    answer = admission(4, 0, 1)
+    board.answer({"n0.0": answer})
+    assert live.join() == answer
+    assert board.waiting() == {}
 
 
 def test_a_process_that_is_not_warm_gets_no_early_answer() -> None:
