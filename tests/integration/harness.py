@@ -157,7 +157,12 @@ class Job:
         """The last ``lines`` lines of the job's output; ``quiet`` leaves out the scripts'
         per-commit JSON lines (what happened to the ring stays)."""
         shown = [line for line in self.lines if not quiet or '"event": "commit"' not in line]
-        return "\n".join(shown[-lines:])
+        text = "\n".join(shown[-lines:])
+        # Why processes ended, last: a CI log keeps only the end of a failure's report.
+        ends = [line for line in self.lines if any(mark in line for mark in _ENDS)]
+        if ends:
+            text += "\nhow processes of the job ended:\n" + "\n".join(ends[-12:])
+        return text
 
     def stop(self) -> None:
         """End the job's whole process group and every process below it (agents and training
@@ -172,6 +177,10 @@ class Job:
             self.store.close()
             # Agents SIGKILLed here cannot remove their slots' snapshots from shared memory.
             shutil.rmtree(Path(shm_snapshot.DEFAULT_ROOT) / self.job_id, ignore_errors=True)
+
+
+#: The launcher's lines that say why a process of the job ended (Job.tail repeats them).
+_ENDS = (" crashed: ", " lost its lease", " was killed because", " left (", " exited (")
 
 
 def start_job(
