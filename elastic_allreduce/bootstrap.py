@@ -186,32 +186,37 @@ class GlooSockets:
             )
             return len(self._inodes)
 
-    def established(self) -> tuple[list[int], int]:
-        """File descriptors of Gloo's established connections now, and how many other
-        established TCP connections this process holds (the script's, etcd, rendezvous)."""
+    def established(self) -> tuple[dict[int, int], int]:
+        """Gloo's established connections now (file descriptor -> socket inode), and how many
+        other established TCP connections this process holds (the script's, etcd, rendezvous)."""
         sockets = tcp_sockets()
         with self._lock:
             gloo = self._inodes
-        descriptors: list[int] = []
+        descriptors: dict[int, int] = {}
         others = 0
         for inode, fd in own_sockets().items():
             tcp = sockets.get(inode)
             if tcp is None or not tcp.established:
                 continue
             if inode in gloo:
-                descriptors.append(fd)
+                descriptors[fd] = inode
             else:
                 others += 1
         return descriptors, others
 
 
-def shutdown_sockets(descriptors: Sequence[int]) -> int:
-    """shutdown(2) each socket (the descriptors stay open for their owner); return how many."""
+def shutdown_sockets(descriptors: Mapping[int, int]) -> int:
+    """shutdown(2) each socket (file descriptor -> the inode it held when listed); return how
+    many. The descriptors stay open for their owner. One that holds another socket by now is
+    left alone: Horovod may have closed it meanwhile and the number been reused (its HTTP
+    store's request, the relay's connection)."""
     done = 0
-    for fd in descriptors:
+    for fd, inode in descriptors.items():
         with contextlib.suppress(OSError):
             sock = socket.socket(fileno=os.dup(fd))
             try:
+                if os.fstat(sock.fileno()).st_ino != inode:
+                    continue
                 sock.shutdown(socket.SHUT_RDWR)
                 done += 1
             finally:

@@ -10,6 +10,7 @@ a real etcd.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -143,7 +144,25 @@ def test_only_connections_opened_during_init_are_gloo_s(sockets: Sockets) -> Non
     assert connected.recv(1) == b""  # cut: the blocked side of a Gloo pair wakes up
     for a, b in (script_before, script_after, (to_rendezvous, at_rendezvous)):
         assert echoes(a, b)
-    assert gloo.established()[0] == []  # no longer established after the shutdown
+    assert gloo.established()[0] == {}  # no longer established after the shutdown
+
+
+def test_a_descriptor_reused_since_it_was_listed_is_not_shut_down(sockets: Sockets) -> None:
+    """Between the listing and the shutdown Horovod may close a Gloo connection (its reset) and
+    the process reuse the number for another socket (an HTTP request of its store, the relay's
+    connection): that one must stay."""
+    peer, storage = sockets.listener(), sockets.listener()
+    gloo = GlooSockets(())
+    before = gloo.begin()
+    connected, accepted = sockets.pair(peer)
+    gloo.end(before)
+    descriptors, _ = gloo.established()
+    assert sorted(descriptors) == fds(connected, accepted)
+    other = sockets.pair(storage)
+    os.dup2(other[0].fileno(), connected.fileno())  # the number now holds another socket
+    assert shutdown_sockets(descriptors) == 1  # the accepted end only
+    assert echoes(connected, other[1])  # the socket now at the listed number was left alone
+    assert accepted.recv(1) == b""
 
 
 @pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
