@@ -21,11 +21,13 @@ lint: setup
 
 # The suite runs on TEST_WORKERS pytest-xdist workers: a job test's processes mostly wait (on
 # 2 cores one test used about a third of the CPU), so two at a time nearly halve the run
-# (docs/contributing.md#running-the-tests). TEST_WORKERS=0: one process.
+# (docs/contributing.md#running-the-tests). TEST_WORKERS=0: one process. --maxschedchunk 1: a
+# worker is sent its next test when it is done with one, so neither is left with a queue of job
+# tests while the other has nothing left to do.
 TEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/pytest -m "not known_bug" -n $(TEST_WORKERS)
+	$(BIN)/pytest -m "not known_bug" -n $(TEST_WORKERS) --maxschedchunk 1
 
 # The suite of `make test` under coverage.py, every Python process it starts measured too
 # (pyproject.toml's [tool.coverage.*]; docs/contributing.md#coverage): prints the report with the

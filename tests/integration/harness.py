@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -263,6 +263,20 @@ def slot_of_rank(job: Job, rank: int, size: int) -> str:
         f"no commit from rank {rank} at size {size}; what the ring did:\n"
         + job.tail(150, quiet=True)
     )
+
+
+def last_step_before_restart(job: Job, size: int, slots: Iterable[str]) -> int:
+    """The last step the processes of ``slots`` committed at ``size`` before they were killed:
+    a slot's commits up to its next process's "resumed" event. Call it once the job is over:
+    a commit printed just before the kill may be read after it."""
+    last = 0
+    for slot in slots:
+        for event in (e for e in job.events if e.slot == slot):
+            if event.data.get("event") == "resumed":
+                break
+            if event.data.get("event") == "commit" and event.data.get("size") == size:
+                last = max(last, int(event.data["step"]))
+    return last
 
 
 def until(stop_file: Path, *, commit_every: int = 5, step_delay: float = 0.03) -> tuple[str, ...]:
