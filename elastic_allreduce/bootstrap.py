@@ -306,8 +306,10 @@ class Registration:
     stalled etcd revokes them as soon as it runs again), although this process lived on. So a
     lease reported lost is replaced and the record written again under the new one: the
     launcher, which holds back its decisions about vanished records for a while after such an
-    outage, sees the same process again and the rank keeps training. A process that really
-    died writes nothing, and its record stays gone.
+    outage, sees the same process again and the rank keeps training. A lease that lapsed
+    without an outage (a keep-alive too late on a loaded machine) is replaced the same way,
+    which spares a process not yet in a ring its restart (``RingPolicy._settle_lost_leases``).
+    A process that really died writes nothing, and its record stays gone.
     """
 
     def __init__(self, store: EtcdStore, slot: str, record: ProcRecord, ttl: int) -> None:

@@ -257,6 +257,19 @@ class PolicyError(ElasticAllreduceError):
 LOST_LEASE_GRACE: Final = 1.0
 
 
+@dataclass(frozen=True)
+class LostLease:
+    """A process lease lost with no exit report, waiting to be settled."""
+
+    incarnation: int
+    #: When it was seen lost (the view's clock).
+    since: float
+    #: What happened, as logged.
+    problem: str
+    #: Whether the process was a member of the ring then (a ring moves on without it).
+    ring_member: bool
+
+
 def parked_nodes(members: Mapping[str, Member], holders: Set[str]) -> frozenset[str]:
     """The nodes to leave out of the ring so that every pair of the others reaches each other.
 
@@ -478,9 +491,9 @@ class RingPolicy:
         #: (nothing here can start them) but rejoin when they can (see _track_nodes).
         self.joined: set[str] = set()
         #: Slots whose lease was lost with no exit report while their node was still a
-        #: member: (incarnation, when, what happened). Charged to the budget only if the node
-        #: stays a member for LOST_LEASE_GRACE beyond the lease TTL (see _settle_lost_leases).
-        self.lost_pending: dict[str, tuple[int, float, str]] = {}
+        #: member. Charged to the budget only if the node stays a member for LOST_LEASE_GRACE
+        #: beyond the lease TTL (see _settle_lost_leases).
+        self.lost_pending: dict[str, LostLease] = {}
         #: Nodes left out of the ring because they and a peer cannot reach each other.
         self.parked: frozenset[str] = frozenset()
         #: A takeover held back until the adopted ring's nodes and processes register again
@@ -685,7 +698,8 @@ class RingPolicy:
             if member is not None and not member.leaving and self.phase is Phase.RUNNING:
                 # A node cut off from etcd loses every lease, its own a moment later: wait to
                 # see which, so that a network failure is not charged as crashes.
-                self.lost_pending[slot] = (incarnation, view.now, problem)
+                ring_member = self.member_incarnations.get(slot) == incarnation
+                self.lost_pending[slot] = LostLease(incarnation, view.now, problem, ring_member)
         for slot, proc in view.procs.items():
             self.incarnations[slot] = proc.incarnation
         return decisions + self._settle_lost_leases(view)
@@ -697,9 +711,21 @@ class RingPolicy:
         LOST_LEASE_GRACE (the process hung, or only it was cut off)."""
         decisions: list[Decision] = []
         settle_after = self.settings.lease_ttl + LOST_LEASE_GRACE
-        for slot, (incarnation, since, problem) in list(self.lost_pending.items()):
+        for slot, lost in list(self.lost_pending.items()):
+            incarnation, since, problem = lost.incarnation, lost.since, lost.problem
             node, index = split_slot(slot)
             member = view.members.get(node)
+            proc = view.procs.get(slot)
+            if not lost.ring_member and proc is not None and proc.incarnation == incarnation:
+                # The process registered again under a new lease (its keep-alive came too
+                # late, on a loaded machine or a slow etcd): it lives, and it was in no ring
+                # that moved on without it, so it goes on to the barrier.
+                del self.lost_pending[slot]
+                self.handled_exits.discard((slot, incarnation))
+                decisions.append(
+                    Log(f"slot {slot}: its process registered again; no restart needed")
+                )
+                continue
             if member is None or member.leaving or self.phase is not Phase.RUNNING:
                 del self.lost_pending[slot]
                 if member is None:
@@ -876,7 +902,7 @@ class RingPolicy:
 
     def _on_exit(self, exit_: Exit, view: JobView) -> list[Decision]:
         pending = self.lost_pending.get(exit_.slot)
-        if pending is None or pending[0] != exit_.incarnation:
+        if pending is None or pending.incarnation != exit_.incarnation:
             return self._handle_exit(exit_, view)
         # Its lease was seen gone before its agent's exit report (a slow agent, a loaded
         # machine): the report says what happened. The crash was counted with the lost lease.

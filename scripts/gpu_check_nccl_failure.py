@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 from horovod.runner.elastic.rendezvous import create_rendezvous_handler
@@ -62,7 +62,9 @@ def worker(args: argparse.Namespace) -> None:
     hvd = fw.hvd
 
     def say(event: str, **fields: Any) -> None:  # noqa: ANN401
-        print(EVENT + json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
+        # One write of a line shorter than PIPE_BUF: no other writer's bytes land inside it.
+        sys.stdout.write(EVENT + json.dumps({"event": event, "at": time.time(), **fields}) + "\n")
+        sys.stdout.flush()
 
     round_ = 0
     for line in sys.stdin:
@@ -146,19 +148,23 @@ class Worker:
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            # A pipe of its own: Horovod's C++ log lines, written in pieces, once cut an EVENT
+            # line in two where both shared one pipe, and the parent never saw that event.
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
             self.lines.append(line.rstrip())
-            if line.startswith(EVENT):
+            # NCCL's debug lines share stdout and may leave an unended line before an event.
+            if (start := line.find(EVENT)) >= 0:
                 with contextlib.suppress(ValueError):
-                    self.events.put(json.loads(line[len(EVENT) :]))
+                    self.events.put(json.loads(line[start + len(EVENT) :]))
 
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None

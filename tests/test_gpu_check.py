@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -156,6 +158,24 @@ def test_the_failure_check_sees_a_killed_peer_fail_the_survivor_which_re_initial
     assert steps["reinit_with_a_new_peer"]["sizes"] == [2, 2]
     assert steps["reinit_with_a_new_peer"]["correct"] == [True, True]
     assert steps["alone"] == {"size": 1, "correct": True}
+
+
+def test_the_failure_check_sees_an_event_after_an_unended_log_line() -> None:
+    """A full run once hung for 60 s: a worker's C++ log line, written in pieces, was cut by an
+    event line, which the parent then did not see. Events are written in one piece and found
+    anywhere in a line (NCCL's debug output shares stdout)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_nccl_failure", ROOT / "scripts" / "gpu_check_nccl_failure.py"
+    )
+    assert spec is not None and spec.loader is not None
+    failure_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(failure_check)
+    worker = object.__new__(failure_check.Worker)
+    worker.lines, worker.events = [], queue.Queue()
+    event = {"event": "error", "at": 1.0, "error": "Read error"}
+    worker._read(io.StringIO(f"[2026-12-05 14:36:10{failure_check.EVENT}{json.dumps(event)}\n"))
+    assert worker.events.get_nowait() == event
+    assert worker.lines == [f"[2026-12-05 14:36:10{failure_check.EVENT}{json.dumps(event)}"]
 
 
 def test_bus_bandwidth_is_nccl_tests_allreduce_formula() -> None:

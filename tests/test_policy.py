@@ -282,6 +282,50 @@ def test_an_exit_report_after_the_lease_loss_says_why_and_is_charged_once() -> N
     assert policy.restarts_used == 1
 
 
+def test_a_new_process_that_registers_again_after_its_lease_lapsed_goes_on() -> None:
+    """A restarted process importing TensorFlow on a loaded machine (make test under load,
+    2026-12-05): its keep-alive reached etcd too late and its lease lapsed; it registered again
+    under a new lease 1.6 s later, and the launcher replaced it all the same 2.5 s after that."""
+    policy, world, slots = started_job(max_restarts=2, lease_ttl=3)
+    world.kill(slots[1])
+    assert SetDirective("n1", ((0, 2),)) in step(policy, world)
+    world.waiting.update({s: WaitKind.RESET for s in (slots[0], slots[2])})
+    step(policy, world)
+    world.add_node("n1", ready=False, incarnation=2)  # the new process, importing
+    step(policy, world)
+    del world.procs["n1.0"]  # its lease lapsed
+    decisions = step(policy, world)
+    assert any("slot n1.0 lost its lease" in d.message for d in of(Log, decisions))
+    world.now += 1.6
+    world.procs["n1.0"] = Proc("n1.0", 2, world.revision + 1)  # registered again
+    decisions = step(policy, world)
+    assert any("n1.0: its process registered again" in d.message for d in of(Log, decisions))
+    world.now += 10.0  # well past the lease TTL and the grace
+    assert of(SetDirective, step(policy, world)) == []
+    assert policy.restarts_used == 1
+    world.waiting["n1.0"] = WaitKind.FRESH  # imported: it reaches the barrier and joins
+    ring = of(WriteRing, step(policy, world))[0].ring
+    assert ring.slots == ("n0.0", "n2.0", "n1.0") and ring.incarnations == (1, 1, 2)
+    world.waiting.update({s: WaitKind.RESET for s in (slots[0], slots[2])})
+    assert answers(step(policy, world)) == {"n0.0": 0, "n2.0": 1, "n1.0": 2}
+    # Its own crash later is a crash like any other: restarted, charged.
+    world.kill("n1.0")
+    assert SetDirective("n1", ((0, 3),)) in step(policy, world)
+    assert policy.restarts_used == 2
+
+
+def test_a_ring_member_whose_lease_lapsed_is_replaced_though_it_registers_again() -> None:
+    """The ring moved on without it at once, so coming back does not put it in again."""
+    policy, world, slots = started_job(max_restarts=1, lease_ttl=3)
+    proc = world.procs.pop(slots[1])
+    step(policy, world)
+    world.now += 1.0
+    world.procs[slots[1]] = proc
+    step(policy, world)
+    world.now += 4.0
+    assert SetDirective("n1", ((0, 2),)) in step(policy, world)
+
+
 def test_an_exit_report_before_the_process_record_goes_re_forms_once_without_it() -> None:
     """The other order (the in-process launcher test saw it on a loaded machine: a failure
     epoch that still named the crashed slot, then a second one without it)."""

@@ -70,9 +70,20 @@ def _family(host: str) -> socket.AddressFamily:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (the caller retries if it is taken meanwhile)."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different TCP ports that were free a moment ago. Every socket stays bound until
+    all are chosen: ports asked for one at a time may come back twice, as the kernel hands a
+    port it just released to the next bind (an etcd cluster refused such a "duplicate url")."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(_family(host), socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -192,8 +203,8 @@ class EmbeddedEtcd:
         attempts = 1 if self._fixed_ports else 3
         for attempt in range(1, attempts + 1):
             if not self._fixed_ports and (attempt > 1 or not self.client_port):
-                self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
-                self.metrics_port = 0
+                self.client_port, self.peer_port, spare = free_ports(3, self.host)
+                self.metrics_port = spare if self.tls is not None else 0
             elif not self.peer_port:
                 self.peer_port = free_port(self.host)
             if self.tls is not None and not self.metrics_port:

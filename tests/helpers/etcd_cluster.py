@@ -27,7 +27,7 @@ from typing import Final
 
 from elastic_allreduce.errors import EtcdServerError
 from elastic_allreduce.store import EmbeddedEtcd
-from elastic_allreduce.store.embedded import free_port
+from elastic_allreduce.store.embedded import free_ports
 
 #: Seconds a cluster (or a restarted member) gets to report itself healthy.
 START_TIMEOUT: Final = 30.0
@@ -123,7 +123,8 @@ class EtcdCluster:
 
     def _make_members(self) -> None:
         names = [f"m{index}" for index in range(self.size)]
-        ports = {name: (free_port(), free_port()) for name in names}
+        chosen = iter(free_ports(2 * len(names)))
+        ports = {name: (next(chosen), next(chosen)) for name in names}
         cluster = ",".join(f"{name}=http://127.0.0.1:{ports[name][1]}" for name in names)
         for name in names:
             shutil.rmtree(self.base_dir / name, ignore_errors=True)
