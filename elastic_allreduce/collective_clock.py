@@ -33,14 +33,41 @@ _clock: tf.Variable | None = None
 
 
 def _variable() -> tf.Variable:
-    """The process's [ready, done] timestamps of the last allreduce (made once, eagerly)."""
+    """The process's [ready, done] timestamps of the last allreduce, made once, eagerly.
+
+    It is first asked for while a user's step is traced -- and often not during its first
+    trace: Horovod's documented warm-up traces the step once without the tape wrapped. A
+    ``tf.Variable`` made in any later trace fails ("tf.function only supports singleton
+    tf.Variables created on the first call"), also under ``tf.init_scope()``, whose variable
+    creators are the trace's. So it is made on a thread of its own: eager, outside every
+    trace of the script's thread, whatever is being traced there. Nothing is made before the
+    first timed allreduce, so importing or installing this never starts TensorFlow's runtime
+    (the script may still choose its GPUs)."""
     global _clock  # noqa: PLW0603 - one clock per process
     with _lock:
         if _clock is None:
-            with tf.init_scope():
-                _clock = tf.Variable(
-                    tf.zeros([2], tf.float64), trainable=False, name="elastic_allreduce_clock"
-                )
+            made: list[tf.Variable] = []
+            failed: list[BaseException] = []
+
+            def make() -> None:
+                try:
+                    with tf.device("/CPU:0"):  # tf.timestamp runs there; read by the beacon
+                        made.append(
+                            tf.Variable(
+                                tf.zeros([2], tf.float64),
+                                trainable=False,
+                                name="elastic_allreduce_clock",
+                            )
+                        )
+                except BaseException as exc:  # re-raised on the caller's thread
+                    failed.append(exc)
+
+            maker = threading.Thread(target=make, name="collective-clock", daemon=True)
+            maker.start()
+            maker.join()
+            if failed:
+                raise failed[0]
+            _clock = made[0]
             progress.set_collective_clock(last_wait)
         return _clock
 
@@ -77,9 +104,9 @@ def timed(tape: Any) -> Any:  # noqa: ANN401 - Horovod's classes are made at run
     allreduce = getattr(tape, "_allreduce_grads", None)
     if allreduce is None or getattr(tape, _TIMED, False):
         return tape
-    clock = _variable()
 
     def timed_allreduce(gradients: list[Any], sources: list[Any], *args: Any) -> Any:  # noqa: ANN401
+        clock = _variable()
         with tf.control_dependencies(_tensors(gradients)):
             ready = tf.timestamp()
         reduced = allreduce(gradients, sources, *args)

@@ -26,3 +26,20 @@ def test_every_gradient_allreduce_of_a_training_step_is_timed_once() -> None:
         "horovod_keras_optimizer_fit": True,
         "timed_once": True,
     }, result
+
+
+TRACED = ROOT / "tests" / "scripts" / "traced_steps.py"
+
+
+def test_the_clock_survives_the_ways_users_trace_their_step() -> None:
+    """Issue #39: the clock's variable used to be made inside the user's trace, so Horovod's
+    documented warm-up (first trace without the tape wrapped) failed at the second trace.
+    Fails with the variable made in the trace again (checked)."""
+    result = script_result(TRACED)
+    assert result.pop("traces") >= 3, result  # the warm-up, the wrapped step, the new shape
+    assert result == {
+        "traced_before_init": True,
+        "warm_up_first": True,
+        "retraced": True,
+        "second_function": True,
+    }, result
