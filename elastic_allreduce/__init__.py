@@ -33,6 +33,7 @@ _WORKER_NAMES = frozenset(
         "allreduce",
         "init",
         "local_rank",
+        "local_size",
         "rank",
         "run",
         "shutdown",

@@ -55,6 +55,10 @@ KUBE_API: Final = "ELASTIC_ALLREDUCE_KUBE_API"
 SLOT: Final = "ELASTIC_ALLREDUCE_SLOT"
 #: How many times this slot's process was started (1 for the first; set by the agent).
 INCARNATION: Final = "ELASTIC_ALLREDUCE_INCARNATION"
+#: How many training processes the slot's node runs (--nproc-per-node; set by the agent): what
+#: ``hvd.local_size()`` returns in the process, its slot's index being ``hvd.local_rank()``
+#: (elastic_allreduce.runtime; Horovod's own local ranks are 0 of 1, every slot a host).
+LOCAL_SIZE: Final = "ELASTIC_ALLREDUCE_LOCAL_SIZE"
 #: The slot's GPU: its index among the GPUs the process sees, all of the node's (set by the
 #: agent; empty when the node was given none). elastic_allreduce.gpu selects it in TensorFlow.
 GPU_INDEX: Final = "ELASTIC_ALLREDUCE_GPU_INDEX"

@@ -67,6 +67,15 @@
    ``ea.DistributedGradientTape`` does (:mod:`elastic_allreduce.collective_clock`): plain
    Horovod custom loops and Keras ``fit`` report their wait too.
 
+6. ``hvd.local_rank()`` and ``hvd.local_size()`` (``horovod.tensorflow``, its ``mpi_ops``, its
+   Keras API, and ``horovod.keras``, which takes them from ``horovod.tensorflow``) keep
+   Horovod's meaning for the script: the slot's index on its node -- its GPU's index, so
+   ``gpus[hvd.local_rank()]`` is the process's own GPU, as :func:`elastic_allreduce.gpu.select`
+   chose -- and the node's number of slots (:func:`elastic_allreduce.runtime.local_rank`).
+   Horovod's C++ side keeps 0 of 1 (every slot is a host of its own); its ops
+   ``local_rank_op()`` / ``local_size_op()`` still say so. Before ``hvd.init()`` they raise as
+   Horovod's do.
+
 Why the ring in the store tells: the launcher writes the next epoch (compare-and-swap) before it
 notifies the members, and a slot left out of an epoch is never admitted again as the same
 process, so its ``rank_and_size`` would be answered -1.
@@ -84,6 +93,7 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.elastic as hvd_elastic
 import horovod.tensorflow.keras as hvd_keras
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
+import horovod.tensorflow.mpi_ops as hvd_mpi_ops
 from horovod.common.basics import HorovodBasics
 from horovod.tensorflow.functions import broadcast_variables
 
@@ -140,6 +150,7 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     if gloo is not None:
         _record_gloo_sockets(gloo)
     _time_gradient_allreduces()
+    _slot_local_ranks()
     state_class: Any = hvd_elastic.TensorFlowKerasState
     if getattr(state_class.sync, _PATCHED, False):
         return
@@ -173,6 +184,28 @@ def _time_gradient_allreduces() -> None:
         timed.__name__ = name
         setattr(timed, _PATCHED, True)
         setattr(module, name, timed)
+
+
+def _slot_local_ranks() -> None:
+    """``hvd.local_rank()`` / ``hvd.local_size()`` as the script expects them: the slot's
+    index on its node and the node's number of slots (see item 6 of the module docstring)."""
+    index, size = runtime.local_rank(), runtime.local_size()
+    if index is None or size is None:
+        return
+    for name, value in (("local_rank", index), ("local_size", size)):
+        original = getattr(hvd_mpi_ops, name)
+        if getattr(original, _PATCHED, False):
+            continue
+
+        def answer(_original: Any = original, _value: int = value) -> int:  # noqa: ANN401
+            _original()  # raises ValueError before hvd.init(), as Horovod's does
+            return _value
+
+        answer.__doc__ = original.__doc__
+        answer.__name__ = name
+        setattr(answer, _PATCHED, True)
+        for module in (hvd_mpi_ops, hvd, hvd_keras):
+            setattr(module, name, answer)
 
 
 def _sync(self: Any) -> None:  # noqa: ANN401

@@ -96,9 +96,25 @@ init = hvd.init
 shutdown = hvd.shutdown
 rank = hvd.rank
 size = hvd.size
-local_rank = hvd.local_rank
 allreduce = hvd.allreduce
 warm_up = warm.warm_up
+
+
+def local_rank() -> int:
+    """This process's local rank: under `elastic-run` its slot's index on its node (its GPU's
+    index; :func:`elastic_allreduce.runtime.local_rank`), elsewhere Horovod's. ValueError
+    before :func:`init`, as Horovod's."""
+    horovods = hvd.local_rank()
+    mine = runtime.local_rank()
+    return horovods if mine is None else mine
+
+
+def local_size() -> int:
+    """How many training processes this process's node runs: under `elastic-run` its
+    ``--nproc-per-node``, elsewhere Horovod's local size. ValueError before :func:`init`."""
+    horovods = hvd.local_size()
+    mine = runtime.local_size()
+    return horovods if mine is None else mine
 
 
 def DistributedGradientTape(tape: tf.GradientTape, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
@@ -682,6 +698,7 @@ __all__ = [
     "allreduce",
     "init",
     "local_rank",
+    "local_size",
     "rank",
     "run",
     "shutdown",

@@ -768,6 +768,7 @@ class Agent:
                 "HOROVOD_CPU_OPERATIONS": "gloo",
                 "HOROVOD_GLOO_IFACE": settings.gloo_iface,
                 env.GPU_INDEX: self._devices[index],
+                env.LOCAL_SIZE: str(settings.nproc_per_node),
                 "PYTHONUNBUFFERED": "1",
             }
         )
