@@ -34,6 +34,7 @@ The agent runs every training process through this module, which
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import runpy
@@ -47,7 +48,7 @@ from dataclasses import dataclass, replace
 from http.client import HTTPException
 from typing import Final
 
-from elastic_allreduce import env, ipv6
+from elastic_allreduce import env, ipv6, runtime
 from elastic_allreduce._process import print_stacks_on_sigusr1
 from elastic_allreduce.errors import (
     ConfigError,
@@ -57,8 +58,12 @@ from elastic_allreduce.errors import (
 )
 from elastic_allreduce.follow import LeaderFollower, capture_registration, each_record
 from elastic_allreduce.progress import REPORT_INTERVAL, Beacon
+from elastic_allreduce.progress import ticks as progress_ticks
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import (
+    MAX_ERROR_KIND,
+    MAX_ERROR_LINES,
+    MAX_ERROR_MESSAGE,
     NOT_ADMITTED_EXIT_CODE,
     STATE_MISMATCH_EXIT_CODE,
     EpochCause,
@@ -66,6 +71,7 @@ from elastic_allreduce.records.values import (
     ProcRecord,
     Ring,
     RingState,
+    ScriptError,
 )
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.relay import HorovodRendezvous
@@ -515,6 +521,10 @@ def _run_script(args: list[str], registration: Registration) -> int:
     except SystemExit as exc:
         # sys.exit(N) in the script, or a slot removed from the ring (hooks): keep N.
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        write_script_error(exc)
+        raise
+    except Exception as exc:
+        write_script_error(exc)
         raise
     finally:
         if code == 0:
@@ -528,6 +538,65 @@ def _run_script(args: list[str], registration: Registration) -> int:
                 )
         _exit_within(EXIT_GRACE, code, slot)
     return code
+
+
+def script_error(exc: BaseException) -> ScriptError | None:
+    """What the launcher is told of the error the script ended with: its type, message, the
+    traceback's last lines, the ring epoch and whether this process trained a step. None for
+    what is no bug of the script: a failed collective (a peer died), a slot let go by the
+    ring, a state mismatch (exit code 76, judged on its own), ``sys.exit(0)``."""
+    from horovod.common.exceptions import (  # noqa: PLC0415
+        HorovodInternalError,
+        HostsUpdatedInterrupt,
+    )
+
+    from elastic_allreduce import elastic_run  # noqa: PLC0415 - TensorFlow, loaded already
+
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or code in (0, NOT_ADMITTED_EXIT_CODE, STATE_MISMATCH_EXIT_CODE):
+            return None
+        message = f"exit code {code}" if isinstance(code, int) else str(code)
+    elif isinstance(
+        exc, (HorovodInternalError, HostsUpdatedInterrupt, StateMismatchError)
+    ) or elastic_run.is_collective_failure(exc):
+        return None
+    else:
+        message = str(exc)
+    kind = type(exc).__qualname__
+    if type(exc).__module__ not in ("builtins", "__main__"):
+        kind = f"{type(exc).__module__}.{kind}"
+    lines = [
+        line[:MAX_ERROR_MESSAGE]
+        for chunk in traceback.format_exception(exc)
+        for line in chunk.rstrip("\n").splitlines()
+        if line.strip(" ^~")  # not the markers under a line
+    ]
+    return ScriptError(
+        kind[:MAX_ERROR_KIND],
+        message[:MAX_ERROR_MESSAGE],
+        runtime.ring_epoch(),
+        progress_ticks() > 0,
+        tuple(lines[-MAX_ERROR_LINES:]),
+    )
+
+
+def write_script_error(exc: BaseException) -> None:
+    """Write :func:`script_error` where the agent reads it (``ELASTIC_ALLREDUCE_ERROR_FILE``),
+    in one rename; nothing outside `elastic-run` or for what is no bug of the script."""
+    path = os.environ.get(env.ERROR_FILE)
+    if not path:
+        return
+    try:
+        error = script_error(exc)
+        if error is None:
+            return
+        partial = f"{path}.partial"
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump(error.to_json(), handle)
+        os.replace(partial, path)
+    except Exception as failure:  # never hides the script's own error
+        log.warning("could not write the script's error for the agent: %r", failure)
 
 
 #: Seconds the interpreter may take to shut down after the script has ended.

@@ -71,6 +71,9 @@ LEADERLESS_GRACE: Final = "ELASTIC_ALLREDUCE_LEADERLESS_GRACE"
 LEAVE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_LEAVE_TIMEOUT"
 #: Seconds a training process's store calls wait out an unreachable etcd (--outage-timeout).
 OUTAGE_TIMEOUT: Final = "ELASTIC_ALLREDUCE_OUTAGE_TIMEOUT"
+#: Where the bootstrap writes the error its script ended with (an exception, ``sys.exit``), as
+#: a JSON ScriptError record for its agent's exit report (set by the agent; a file per process).
+ERROR_FILE: Final = "ELASTIC_ALLREDUCE_ERROR_FILE"
 #: The ring epoch a training process joined first (set by the bootstrap).
 RING_EPOCH: Final = "ELASTIC_ALLREDUCE_RING_EPOCH"
 

@@ -11,9 +11,9 @@ cannot see, so NCCL falls back to slower paths or fails. Horovod's TensorFlow re
 GPU visible and pins one per process with ``tf.config.set_visible_devices``; it takes the index
 from ``hvd.local_rank()``, which Horovod's C++ side keeps at 0 here (every slot is a host of its
 own), hence the agent's variable -- and the hooks make the script's ``hvd.local_rank()`` return
-the same index, so a script's own recipe picks this GPU again. Memory growth: TensorFlow would otherwise take nearly all of the
-GPU's memory at start, and NCCL needs some for the communicators Horovod re-creates after
-every elastic reset.
+the same index, so a script's own recipe picks this GPU again. Memory growth: TensorFlow
+would otherwise take nearly all of the GPU's memory at start, and NCCL needs some for the
+communicators Horovod re-creates after every elastic reset.
 
 :func:`device_index` and :func:`choose` are the pure part; :func:`select` asks TensorFlow.
 """

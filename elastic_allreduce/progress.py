@@ -103,6 +103,11 @@ def report_step(
         listener(counts.ticks if counts.step is None else counts.step, seconds, samples, metrics)
 
 
+def ticks() -> int:
+    """How many steps and commits this process has counted (0: it has trained no step)."""
+    return _counts.ticks
+
+
 def current_step() -> int:
     """The step :func:`report_step` or :func:`report_commit` last counted (the script's number,
     else the count of steps), as step listeners see it."""

@@ -29,10 +29,12 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -59,6 +61,7 @@ from elastic_allreduce.records.values import (
     MemberRecord,
     ProcRecord,
     Ring,
+    ScriptError,
     from_leader,
 )
 from elastic_allreduce.rendezvous.protocol import (
@@ -166,6 +169,8 @@ class _Process:
     killed_because: str | None = None
     #: Killed because the node was cut off from etcd (its exit is not reported).
     fenced: bool = False
+    #: Where its bootstrap writes the error its script ended with (see read_script_error).
+    error_file: str | None = None
 
 
 def process_state(pid: int) -> str | None:
@@ -237,6 +242,9 @@ class Agent:
         #: Copies rank 0's snapshots into the checkpoint folder for it (with --checkpoint-dir
         #: and snapshots); made when a process starts, closed whenever the processes stop.
         self._persister: SnapshotPersister | None = None
+        #: A folder of this agent's, for the files in which its processes' bootstraps write
+        #: the errors their scripts ended with (made at the first start, removed at the end).
+        self._error_dir: str | None = None
         check_command(settings.command, settings.workdir)
 
     # -- entry point -------------------------------------------------------------------------
@@ -280,6 +288,8 @@ class Agent:
                 shm_snapshot.remove_slots(
                     self._snapshot_root, settings.job_id, self._snapshot_slots
                 )
+            if self._error_dir is not None:
+                shutil.rmtree(self._error_dir, ignore_errors=True)
             self.store.close()
 
     def _register_and_serve(self, max_workers: int) -> int | None:
@@ -792,6 +802,12 @@ class Agent:
                 link = self._persist_link(slot, folder)
         if link is not None:
             child_env[env.PERSIST_FD] = str(link.fileno())
+        if self._error_dir is None:
+            self._error_dir = tempfile.mkdtemp(prefix=f"ea-errors-{settings.node_id}-")
+        error_file = os.path.join(self._error_dir, f"{slot}.{incarnation}.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(error_file)
+        child_env[env.ERROR_FILE] = error_file
         command = [
             sys.executable,
             "-m",
@@ -812,7 +828,7 @@ class Agent:
         if link is not None:
             link.close()  # the process has its copy
         tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        proc = _Process(index, incarnation, popen, tail, threading.Thread())
+        proc = _Process(index, incarnation, popen, tail, threading.Thread(), error_file=error_file)
         proc.reader = threading.Thread(
             target=self._pump, args=(proc, slot), name=f"output-{slot}", daemon=True
         )
@@ -874,7 +890,8 @@ class Agent:
         if proc.killed_because is not None:
             # The launcher's crash report quotes the tail's last lines: this says why.
             tail = (*tail, f"agent: {proc.killed_because}")
-        record = ExitRecord.from_returncode(proc.popen.returncode, tail)
+        error = None if proc.error_file is None else read_script_error(proc.error_file)
+        record = ExitRecord.from_returncode(proc.popen.returncode, tail, error)
         self.store.put(keys.exit_(slot, proc.incarnation), record.to_json())
         registered = self.store.get(keys.proc(slot))
         if registered is not None and registered.lease is not None and registered.malformed is None:
@@ -966,6 +983,34 @@ def ask_standing(rendezvous: Endpoint, node: str, timeout: float = 1.0) -> NodeS
             node,
             exc,
         )
+        return None
+
+
+#: The most bytes of a process's error file the agent reads (the record allows ~30 KB).
+MAX_ERROR_FILE: Final = 64 * 1024
+
+
+def read_script_error(path: str) -> ScriptError | None:
+    """The error a process's script ended with, as its bootstrap wrote it at ``path``, and the
+    file removed; None when there is none, or it is not a valid record (logged: the file is
+    the process's to write, so it is read as untrusted input)."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_ERROR_FILE + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("could not read a training process's error file %s: %s", path, exc)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    try:
+        if len(raw) > MAX_ERROR_FILE:
+            raise ValueError(f"longer than {MAX_ERROR_FILE} bytes")
+        return ScriptError.from_json(path, json.loads(raw))
+    except (ValueError, ElasticAllreduceError) as exc:
+        log.warning("ignoring a training process's error file %s: %s", path, exc)
         return None
 
 

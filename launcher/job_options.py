@@ -151,7 +151,12 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_RESTARTS,
         metavar="N",
         help="restarts of crashed or hung processes and replacements of lost nodes, in all, "
-        f"before the job gives up on them (default {DEFAULT_MAX_RESTARTS})",
+        f"before the job gives up on them (default {DEFAULT_MAX_RESTARTS}). A bug in the "
+        "script is not retried: when every rank of a ring (two or more) ends with the same "
+        "Python error -- exception type and message, or sys.exit code -- or a restarted "
+        "process ends with its predecessor's error before it trained a step (reported a step "
+        "or committed), the job fails at once with that error's last lines. A crash the other "
+        "ranks do not share (a signal, an error of one rank, a failed collective) is restarted",
     )
     group.add_argument(
         "--wait-timeout",

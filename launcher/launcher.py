@@ -973,7 +973,9 @@ class Launcher:
             procs=procs,
             members=members,
             exits=tuple(
-                Exit(slot, incarnation, e.record.code, e.record.signal, e.record.tail)
+                Exit(
+                    slot, incarnation, e.record.code, e.record.signal, e.record.tail, e.record.error
+                )
                 for (slot, incarnation), e in exits
             ),
             waiting=self.board.waiting(),

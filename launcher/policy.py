@@ -28,6 +28,7 @@ from elastic_allreduce.records.values import (
     JobSettings,
     Ring,
     RingState,
+    ScriptError,
 )
 from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment, next_membership
 from elastic_allreduce.rendezvous.protocol import WaitKind
@@ -65,6 +66,8 @@ class Exit:
     code: int | None
     signal: int | None
     tail: tuple[str, ...] = ()
+    #: The error its script ended with (an exception, sys.exit), when its bootstrap said.
+    error: ScriptError | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -255,6 +258,12 @@ class PolicyError(ElasticAllreduceError):
 #: Seconds beyond the lease TTL that a slot's lost lease waits for its node's lease to go too
 #: (leases granted at different moments expire up to one keep-alive interval apart).
 LOST_LEASE_GRACE: Final = 1.0
+
+#: Epochs that ran whose members the policy remembers to tell a bug in the script (every
+#: member failing alike) from a crash of one process.
+EPOCHS_REMEMBERED: Final = 16
+#: Lines of a script's traceback quoted when its bug fails the job.
+SCRIPT_ERROR_LINES: Final = 6
 
 
 @dataclass(frozen=True)
@@ -499,6 +508,11 @@ class RingPolicy:
         #: A takeover held back until the adopted ring's nodes and processes register again
         #: (see :meth:`adopt`); None once the job is adopted.
         self._adopting: _Adoption | None = None
+        #: The member processes (slot, incarnation) of the last EPOCHS_REMEMBERED epochs that
+        #: ran, and the errors scripts ended with: a bug in the script is told from a crash
+        #: of one process by them (see _script_bug).
+        self.epoch_members: dict[int, frozenset[tuple[str, int]]] = {}
+        self.script_errors: dict[tuple[str, int], ScriptError] = {}
 
     @property
     def target_workers(self) -> int:
@@ -946,6 +960,18 @@ class RingPolicy:
                 crashed,
                 *self._finish(False, problem, view),
             ]
+        bug = None if exit_.error is None else self._script_bug(exit_, exit_.error)
+        if bug is not None and exit_.error is not None:
+            # Every rank would meet it again: no restart, no wait for --wait-timeout.
+            error = exit_.error
+            last = " | ".join(error.lines[-SCRIPT_ERROR_LINES:])
+            reason = f"{bug}: {error.describe()} -- a bug in the script, not retried"
+            self.failure = f"{reason}; its last lines: {last}" if last else reason
+            return [
+                Log(f"{problem}; {bug}: failing the job"),
+                crashed,
+                *self._finish(False, self.failure, view),
+            ]
         if member is not None and self.budget.try_spend():
             return [
                 Log(f"{problem}; restarting it ({self.budget.used}/{self.budget.limit})"),
@@ -961,6 +987,45 @@ class RingPolicy:
         if member is not None:
             decisions.append(self._set_slot(member, index, None))
         return decisions
+
+    def _script_bug(self, exit_: Exit, error: ScriptError) -> str | None:
+        """Whether this error is a bug in the script -- what, in words -- or None (a crash of
+        this process alone: restarted as usual). Two processes fail "the same way" when their
+        errors have the same type and message. A bug:
+
+        - every member of a ring epoch of two or more ranks ended with it (in that epoch or a
+          later one: a rank whose collective failed first re-forms and meets it again); or
+        - a restarted process ended with it before it trained a step (no step and no commit
+          reported), as its predecessor in the slot did: a ring of one, or a rank whose error
+          the others do not reach before the ring re-forms.
+        """
+        key = (exit_.slot, exit_.incarnation)
+        self.script_errors[key] = error
+        before = self.script_errors.get((exit_.slot, exit_.incarnation - 1))
+        if before is not None and before.signature == error.signature and not error.trained:
+            return (
+                f"slot {exit_.slot}'s restarted process (incarnation {exit_.incarnation}) "
+                "failed again as its predecessor did, before it trained a step"
+            )
+        for epoch in sorted(self.epoch_members, reverse=True):
+            members = self.epoch_members[epoch]
+            if key not in members or len(members) < 2:
+                continue
+            if all(
+                (seen := self.script_errors.get(member)) is not None
+                and seen.signature == error.signature
+                for member in members
+            ):
+                return f"every rank of ring epoch {epoch} ({len(members)} ranks) failed alike"
+        return None
+
+    def _remember_epoch(self, ring: Ring) -> None:
+        """Note the member processes of an epoch that starts running (for _script_bug)."""
+        self.epoch_members[ring.epoch] = frozenset(
+            (slot, self.member_incarnations.get(slot, 0)) for slot in ring.slots
+        )
+        for epoch in sorted(self.epoch_members)[:-EPOCHS_REMEMBERED]:
+            del self.epoch_members[epoch]
 
     # -- the hang watchdog's findings (launcher.watchdog) ----------------------------------------
 
@@ -1279,6 +1344,7 @@ class RingPolicy:
             return decisions
         self.ring = replace(ring, state=RingState.RUNNING, waiting=())
         self.holders = set(ring.slots)
+        self._remember_epoch(ring)
         took = view.now - self.epoch_since
         ranks = ", ".join(f"{rank}={slot}" for rank, slot in enumerate(ring.slots))
         decisions += [

@@ -14,6 +14,7 @@ from elastic_allreduce.records.values import (
     JobSettings,
     Ring,
     RingState,
+    ScriptError,
 )
 from elastic_allreduce.rendezvous.model import REMOVED, next_membership
 from elastic_allreduce.rendezvous.protocol import WaitKind
@@ -65,6 +66,13 @@ class World:
         proc = self.procs.pop(slot)
         self.waiting.pop(slot, None)
         self.exits.append(Exit(slot, proc.incarnation, code, signal, ("Traceback", "boom")))
+
+    def fail(self, slot: str, error: ScriptError) -> None:
+        """The slot's script ended with ``error`` (exit code 1, as Python exits)."""
+        proc = self.procs.pop(slot)
+        self.waiting.pop(slot, None)
+        tail = ("Traceback (most recent call last):", *error.lines[-1:])
+        self.exits.append(Exit(slot, proc.incarnation, 1, None, tail, error))
 
     def view(self) -> JobView:
         return JobView(
@@ -551,6 +559,95 @@ def test_a_state_mismatch_fails_the_job_at_once_even_with_restarts_left() -> Non
     [finish] = of(FinishJob, step(policy, world))
     assert not finish.succeeded and "slot n2.0 crashed: exit code 76" in finish.reason
     assert policy.restarts_used == 0
+
+
+def script_error(message: str = "bad batch at step 3", *, trained: bool = True) -> ScriptError:
+    lines = ("  File \"train.py\", line 40, in train", f"ValueError: {message}")
+    return ScriptError("ValueError", message, 1, trained, lines)
+
+
+def test_every_rank_failing_with_the_same_error_fails_the_job_at_once() -> None:
+    """Issue #39: a bug in the script that fails every rank alike is reported at once: no
+    restart after the last rank's failure, no wait for --wait-timeout."""
+    policy, world, slots = started_job(count=2, max_restarts=3, wait_timeout=60.0)
+    world.fail(slots[0], script_error())
+    decisions = step(policy, world)
+    # One rank's error, as far as anyone knows yet: restarted as any crash.
+    assert SetDirective("n0", ((0, 2),)) in decisions and not of(FinishJob, decisions)
+    world.fail(slots[1], script_error())
+    decisions = step(policy, world)
+    [finish] = of(FinishJob, decisions)
+    assert not finish.succeeded
+    assert finish.reason.startswith(
+        "every rank of ring epoch 1 (2 ranks) failed alike: ValueError: bad batch at step 3 -- "
+        "a bug in the script, not retried; its last lines: "
+    )
+    assert "ValueError: bad batch at step 3" in finish.reason.rsplit("|", 1)[-1]
+    assert not of(SetDirective, decisions)  # nothing restarted for it
+    assert policy.restarts_used == 1
+
+
+def test_a_rank_whose_collective_failed_first_and_met_the_error_later_counts_too() -> None:
+    """The rank whose peer raised first sees a failed collective, re-forms alone and meets the
+    same error at the same step: every member of epoch 1 ended with it."""
+    policy, world, slots = started_job(count=2, max_restarts=3)
+    world.fail(slots[0], script_error())
+    step(policy, world)
+    world.waiting[slots[1]] = WaitKind.RESET
+    assert answers(step(policy, world)) == {slots[1]: 0}  # epoch 2: the survivor alone
+    world.fail(slots[1], script_error())
+    [finish] = of(FinishJob, step(policy, world))
+    assert "every rank of ring epoch 1 (2 ranks) failed alike" in finish.reason
+
+
+def test_errors_that_differ_in_type_or_message_are_crashes_of_one_rank() -> None:
+    policy, world, slots = started_job(count=2, max_restarts=3)
+    world.fail(slots[0], script_error("bad batch at step 3"))
+    step(policy, world)
+    world.fail(slots[1], script_error("bad batch at step 4"))
+    decisions = step(policy, world)
+    assert SetDirective("n1", ((0, 2),)) in decisions and not of(FinishJob, decisions)
+    world.add_node("n1", incarnation=2)
+    other = replace(script_error("bad batch at step 4"), kind="KeyError")
+    world.fail("n1.0", other)
+    decisions = step(policy, world)
+    assert not of(FinishJob, decisions), "a KeyError after a ValueError is another error"
+
+
+def test_a_restarted_process_failing_again_before_a_step_fails_the_job() -> None:
+    """A ring of one, or a rank whose error the others do not reach: its restart meets the same
+    error again before it trained a step."""
+    policy, world, slots = started_job(count=1, max_restarts=3, wait_timeout=60.0)
+    world.fail(slots[0], script_error())
+    assert SetDirective("n0", ((0, 2),)) in step(policy, world)
+    world.add_node("n0", incarnation=2)
+    step(policy, world)
+    world.fail("n0.0", script_error(trained=False))
+    [finish] = of(FinishJob, step(policy, world))
+    assert finish.reason.startswith(
+        "slot n0.0's restarted process (incarnation 2) failed again as its predecessor did, "
+        "before it trained a step: ValueError: bad batch at step 3"
+    )
+    assert policy.restarts_used == 1
+
+
+def test_a_restarted_process_that_trained_before_the_same_error_is_restarted() -> None:
+    policy, world, slots = started_job(count=1, max_restarts=3)
+    world.fail(slots[0], script_error())
+    step(policy, world)
+    world.add_node("n0", incarnation=2)
+    step(policy, world)
+    world.fail("n0.0", script_error(trained=True))
+    decisions = step(policy, world)
+    assert SetDirective("n0", ((0, 3),)) in decisions and not of(FinishJob, decisions)
+
+
+def test_a_signal_is_never_a_bug_in_the_script() -> None:
+    policy, world, slots = started_job(count=2, max_restarts=3)
+    world.kill(slots[0])
+    world.kill(slots[1])
+    decisions = step(policy, world)
+    assert not of(FinishJob, decisions) and policy.restarts_used == 2
 
 
 def test_fail_ends_the_job_with_the_reason_once() -> None:

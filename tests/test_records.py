@@ -35,6 +35,7 @@ from elastic_allreduce.records.values import (
     Ring,
     RingState,
     ScaleTarget,
+    ScriptError,
     from_leader,
 )
 from elastic_allreduce.rendezvous import protocol
@@ -54,6 +55,9 @@ RECORDS: dict[str, Any] = {
     keys.member("n0"): MemberRecord("10.0.0.2", 2, 1234, leaving=True),
     keys.proc("n0.1"): ProcRecord(99, 2, ProcPhase.TRAINING, 7, 3, 0.25),
     keys.exit_("n0.1", 2): ExitRecord.from_returncode(-9, ("Traceback", "boom")),
+    keys.exit_("n0.1", 3): ExitRecord.from_returncode(
+        1, ("ValueError: boom",), ScriptError("ValueError", "boom", 4, True, ("ValueError: boom",))
+    ),
     keys.directive("n0"): Directive(((0, 1), (1, 3)), leader=7587),
     keys.RANKS: RanksRecord(
         3,
@@ -154,6 +158,19 @@ MALFORMED: list[tuple[type[Any], JsonValue, str]] = [
     (ExitRecord, {"code": None, "signal": None}, "either a code or a signal"),
     (ExitRecord, {"code": 1, "signal": 9}, "either a code or a signal"),
     (ExitRecord, {"code": 1, "tail": [1, 2]}, "list of strings"),
+    (ExitRecord, {"code": 1, "error": {"message": "m", "epoch": 0}}, "'kind' must be a string"),
+    (ExitRecord, {"code": 1, "error": {"kind": "", "message": "m", "epoch": 0}}, "1-200 char"),
+    (
+        ExitRecord,
+        {"code": 1, "error": {"kind": "E", "message": "m" * 2001, "epoch": 0}},
+        "a message of at most 2000",
+    ),
+    (
+        ExitRecord,
+        {"code": 1, "error": {"kind": "E", "message": "m", "epoch": 0, "lines": ["x"] * 13}},
+        "at most 12 lines",
+    ),
+    (ExitRecord, {"code": 1, "error": {"kind": "E", "message": "m", "epoch": -1}}, ">= 0"),
     (Directive, {"slots": {"0": 0}}, "incarnation >= 1"),
     (Directive, {"slots": {"x": 1}}, "slot index"),
     (Directive, {"slots": [1]}, "'slots' must be an object"),

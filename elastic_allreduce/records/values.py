@@ -440,19 +440,84 @@ class ProcRecord:
 
 
 @dataclass(frozen=True)
+class ScriptError:
+    """The error a training script ended with (its exception, or ``sys.exit`` with a code),
+    as the bootstrap wrote it for the agent: the launcher tells a bug in the script -- every
+    rank of a ring failing alike, or a restarted process failing again as its predecessor did
+    before it trained a step -- from a crash of one process (:mod:`launcher.policy`).
+
+    ``kind`` is the exception's type (``ValueError``, ``module.Class``), ``message`` its text
+    (at most :data:`MAX_ERROR_MESSAGE` characters), ``lines`` the last lines of its traceback;
+    ``epoch`` the ring epoch the process was in (0: none yet), ``trained`` whether it had
+    reported a step or a commit. A failed collective (a peer died) is never written as one."""
+
+    kind: str
+    message: str
+    epoch: int = 0
+    trained: bool = False
+    lines: tuple[str, ...] = ()
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """What two errors must share to be the same error: type and message."""
+        return self.kind, self.message
+
+    def describe(self) -> str:
+        """``ValueError: the message`` (a message of several lines: its first)."""
+        first = self.message.splitlines()[0] if self.message else ""
+        return f"{self.kind}: {first}" if first else self.kind
+
+    def to_json(self) -> JsonValue:
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "epoch": self.epoch,
+            "trained": self.trained,
+            "lines": list(self.lines),
+        }
+
+    @classmethod
+    def from_json(cls, key: str, value: JsonValue) -> ScriptError:
+        fields = _Fields(key, value, "the script's error")
+        kind, message = fields.text("kind"), fields.text("message")
+        lines = fields.strings("lines", default=())
+        if not kind or len(kind) > MAX_ERROR_KIND or len(message) > MAX_ERROR_MESSAGE:
+            raise MalformedValueError(
+                key,
+                f"the script's error: a type of 1-{MAX_ERROR_KIND} characters and a message of at "
+                f"most {MAX_ERROR_MESSAGE} are expected, got {len(kind)} and {len(message)}",
+            )
+        if len(lines) > MAX_ERROR_LINES or any(len(line) > MAX_ERROR_MESSAGE for line in lines):
+            raise MalformedValueError(
+                key, f"the script's error: at most {MAX_ERROR_LINES} lines are expected"
+            )
+        return cls(kind, message, fields.integer("epoch", minimum=0), fields.flag("trained"), lines)
+
+
+#: Limits of a :class:`ScriptError`: its type's name, its message, its traceback's lines.
+MAX_ERROR_KIND: Final = 200
+MAX_ERROR_MESSAGE: Final = 2000
+MAX_ERROR_LINES: Final = 12
+
+
+@dataclass(frozen=True)
 class ExitRecord:
-    """``exits/<slot>/<incarnation>``: how a process ended, as its agent saw it."""
+    """``exits/<slot>/<incarnation>``: how a process ended, as its agent saw it; ``error``:
+    what the script ended with, when the bootstrap could say (an exception or ``sys.exit``)."""
 
     code: int | None
     signal: int | None
     tail: tuple[str, ...] = ()
+    error: ScriptError | None = None
 
     @classmethod
-    def from_returncode(cls, returncode: int, tail: tuple[str, ...] = ()) -> ExitRecord:
+    def from_returncode(
+        cls, returncode: int, tail: tuple[str, ...] = (), error: ScriptError | None = None
+    ) -> ExitRecord:
         """From :attr:`subprocess.Popen.returncode` (negative: killed by that signal)."""
         if returncode < 0:
             return cls(None, -returncode, tail)
-        return cls(returncode, None, tail)
+        return cls(returncode, None, tail, None if returncode == 0 else error)
 
     @property
     def succeeded(self) -> bool:
@@ -470,7 +535,12 @@ class ExitRecord:
         return f"exit code {self.code}"
 
     def to_json(self) -> JsonValue:
-        return {"code": self.code, "signal": self.signal, "tail": list(self.tail)}
+        return {
+            "code": self.code,
+            "signal": self.signal,
+            "tail": list(self.tail),
+            "error": None if self.error is None else self.error.to_json(),
+        }
 
     @classmethod
     def from_json(cls, key: str, value: JsonValue) -> ExitRecord:
@@ -478,7 +548,8 @@ class ExitRecord:
         code, signal = fields.opt_integer("code"), fields.opt_integer("signal", minimum=1)
         if (code is None) == (signal is None):
             raise MalformedValueError(key, "an exit record has either a code or a signal")
-        return cls(code, signal, fields.strings("tail", default=()))
+        error = ScriptError.from_json(key, fields.value["error"]) if fields.has("error") else None
+        return cls(code, signal, fields.strings("tail", default=()), error)
 
 
 @dataclass(frozen=True)
