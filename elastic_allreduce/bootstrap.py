@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from http.client import HTTPException
 from typing import Final
 
-from elastic_allreduce import env, ipv6, runtime
+from elastic_allreduce import env, ipv6, runtime, warm
 from elastic_allreduce._process import print_stacks_on_sigusr1
 from elastic_allreduce.errors import (
     ConfigError,
@@ -421,9 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert relay is not None  # made by follower.start
     gloo = GlooSockets({port, relay.port, *(etcd.port for etcd in store.endpoints)}, (relay.port,))
     admit = Admission(store, slot, record, registration, follower, relay.address, host, port, gloo)
-    if os.environ.get(env.WARM_JOIN) == "1" and _joins_a_running_ring(store, slot):
+    if os.environ.get(env.WARM_JOIN) == "1" and _job_has_trained(store, slot):
         # The script runs at once as a ring of one; its elastic run asks to join (warm.join).
-        from elastic_allreduce import hooks, warm  # noqa: PLC0415 - imports TensorFlow
+        from elastic_allreduce import hooks  # noqa: PLC0415 - imports TensorFlow
 
         warm.defer(replace(admit, warm=True))
         hooks.install(store, gloo)
@@ -439,16 +439,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_script(args, registration)
 
 
-def _joins_a_running_ring(store: EtcdStore, slot: str) -> bool:
-    """Whether the job has a ring of which this slot is not a member: its ranks train (or
-    re-form) without this process, which then warms up before it joins (--warm-join)."""
+def _job_has_trained(store: EtcdStore, slot: str) -> bool:
+    """Whether some ring epoch of the job has run: then this process is a newcomer to ranks
+    that hold a state (a restart, a replacement, a node that joins), and warms up before it
+    joins (--warm-join) -- also when the forming epoch already names its slot, since the
+    ranks there sync as soon as they are admitted. Before the first epoch ran, every process
+    starts with the first ring, its code before the elastic run beside the others'."""
     try:
         stored = store.get(keys.RING)
         ring = None if stored is None else Ring.from_json(stored.key, stored.value)
     except ElasticAllreduceError as exc:
         log.warning("slot %s: could not read the ring (%s); joining without a warm-up", slot, exc)
         return False
-    return ring is not None and slot not in ring.slots
+    return ring is not None and ring.trained
 
 
 @dataclass
@@ -512,7 +515,12 @@ def _run_script(args: list[str], registration: Registration) -> int:
             sys.argv = args
             sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
             runpy.run_path(args[0], run_name="__main__")
+        warm.check_joined()
         code = 0
+    except warm.NeverJoinedError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        write_script_error(exc)
+        code = 1
     except StateMismatchError:
         # Every rank raised it: the launcher fails the job instead of restarting processes
         # that would meet the same mismatch.

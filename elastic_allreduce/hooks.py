@@ -76,6 +76,14 @@
    ``local_rank_op()`` / ``local_size_op()`` still say so. Before ``hvd.init()`` they raise as
    Horovod's do.
 
+7. A Keras ``ModelCheckpoint`` made while the process warms up at a ring of one
+   (:mod:`elastic_allreduce.warm`) saves only while the process is rank 0 of the ring. Horovod's
+   scripts make it on rank 0 only, before their elastic run ("to prevent other workers from
+   corrupting" the files): a warm joiner is rank 0 of its ring of one there, and would
+   otherwise write the same files as the ring's rank 0 once it joined (HDF5 refuses a file that
+   another process has open). The decision stays the script's -- made at rank 0 -- and keeps
+   that meaning in the ring.
+
 Why the ring in the store tells: the launcher writes the next epoch (compare-and-swap) before it
 notifies the members, and a slot left out of an epoch is never admitted again as the same
 process, so its ``rank_and_size`` would be answered -1.
@@ -94,6 +102,7 @@ import horovod.tensorflow.elastic as hvd_elastic
 import horovod.tensorflow.keras as hvd_keras
 import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 import horovod.tensorflow.mpi_ops as hvd_mpi_ops
+import tensorflow as tf
 from horovod.common.basics import HorovodBasics
 from horovod.tensorflow.functions import broadcast_variables
 
@@ -105,6 +114,7 @@ from elastic_allreduce import (
     runtime,
     state_snapshots,
     sync,
+    warm,
 )
 from elastic_allreduce.checkpoint import CheckpointDir
 from elastic_allreduce.errors import ElasticAllreduceError
@@ -151,6 +161,7 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
         _record_gloo_sockets(gloo)
     _time_gradient_allreduces()
     _slot_local_ranks()
+    _warm_checkpoints_on_rank_zero()
     state_class: Any = hvd_elastic.TensorFlowKerasState
     if getattr(state_class.sync, _PATCHED, False):
         return
@@ -206,6 +217,40 @@ def _slot_local_ranks() -> None:
         setattr(answer, _PATCHED, True)
         for module in (hvd_mpi_ops, hvd, hvd_keras):
             setattr(module, name, answer)
+
+
+#: Marks a ModelCheckpoint made while the process warmed up at a ring of one (item 7).
+_MADE_WARM: Final = "_elastic_allreduce_made_warm"
+
+
+def _warm_checkpoints_on_rank_zero() -> None:
+    """A ``ModelCheckpoint`` made during a warm-up saves only on rank 0 (item 7 above)."""
+    checkpoint: Any = tf.keras.callbacks.ModelCheckpoint
+    save, init = checkpoint._save_model, checkpoint.__init__
+    if getattr(save, _PATCHED, False):
+        return
+
+    def made(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        init(self, *args, **kwargs)
+        setattr(self, _MADE_WARM, warm.provisional())
+
+    def saved_on_rank_zero(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        if getattr(self, _MADE_WARM, False) and hvd.rank() != 0:
+            if not getattr(self, "_elastic_allreduce_told", False):
+                self._elastic_allreduce_told = True
+                log.info(
+                    "slot %s: not saving %s at rank %d: this ModelCheckpoint was made at the "
+                    "ring of one this process warmed up in, as rank 0; it saves while rank 0",
+                    runtime.slot(),
+                    getattr(self, "filepath", "the model"),
+                    hvd.rank(),
+                )
+            return None
+        return save(self, *args, **kwargs)
+
+    setattr(saved_on_rank_zero, _PATCHED, True)
+    checkpoint.__init__ = made
+    checkpoint._save_model = saved_on_rank_zero
 
 
 def _sync(self: Any) -> None:  # noqa: ANN401

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from elastic_allreduce import env, runtime
+from elastic_allreduce.errors import ConfigError
 
 log = logging.getLogger("elastic_allreduce.warm")
 
@@ -65,6 +66,24 @@ def defer(admit: Admit) -> None:
     _pending[:] = [admit]
     _started[:] = [time.monotonic()]
     _after_init_set_elastic()
+
+
+class NeverJoinedError(ConfigError):
+    """A warm joiner's script ended without entering an elastic run: what it trained at its
+    ring of one is nobody's (the bootstrap reports it as the script's error)."""
+
+
+def check_joined() -> None:
+    """NeverJoinedError when this process warmed up and its script has ended without joining
+    (no ``hvd.elastic.run`` / ``ea.run``); nothing otherwise."""
+    if _pending:
+        raise NeverJoinedError(
+            f"slot {runtime.slot()}: the script ended without entering an elastic run "
+            "(hvd.elastic.run or ea.run). This process started while the job trained, so it ran "
+            "the script at a ring of one (--warm-join) and would have joined the ring there; "
+            "what it trained alone is discarded. Train inside an elastic run, or start the job "
+            "with --no-warm-join"
+        )
 
 
 def provisional() -> bool:

@@ -88,8 +88,9 @@ class JobOptions:
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR
     #: What is done with a straggler.
     straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
-    #: Training processes warm up at a ring of one before they ask to join.
-    warm_join: bool = False
+    #: A process that starts once the job has trained runs its script up to its elastic run
+    #: at a ring of one before it asks to join (--warm-join, the default; --no-warm-join).
+    warm_join: bool = True
 
 
 def new_job_id() -> str:
@@ -273,12 +274,17 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--warm-join",
-        action="store_true",
-        help="each training process runs its script up to its elastic run (ea.run or "
-        "hvd.elastic.run) and the step given to elastic_allreduce.warm_up at a ring of one, "
-        "and only then asks to join: the running ranks go on training meanwhile instead of "
-        "waiting for a cold newcomer. For scripts whose code before that run does no "
-        "collectives and nothing that needs the real rank or size (docs/architecture.md)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a training process that starts once the job has trained (a restart, a "
+        "replacement, a node that joins) runs its script up to its elastic run (ea.run or "
+        "hvd.elastic.run) -- and the step given to elastic_allreduce.warm_up -- at a ring of "
+        "one: rank 0 of size 1, its collectives local; only then does it ask to join. The "
+        "ranks in the ring train on meanwhile, and the script's code before its elastic run "
+        "(warm-up steps, broadcasts of its own) never meets their state sync. The default; "
+        "--no-warm-join admits a newcomer before its script starts, so that its code before "
+        "the elastic run sees its rank in the ring, and must do no collectives "
+        "(docs/architecture.md#warm-joiners)",
     )
 
 
@@ -322,7 +328,7 @@ def job_options(
     on_state_loss: OnStateLoss | str = DEFAULT_ON_STATE_LOSS,
     straggler_factor: float = DEFAULT_STRAGGLER_FACTOR,
     straggler_policy: StragglerPolicy | str = StragglerPolicy.REPORT,
-    warm_join: bool = False,
+    warm_join: bool = True,
 ) -> JobOptions:
     """The validated options, with the flags' defaults for what is not given."""
     return validate(
@@ -546,8 +552,8 @@ def to_args(options: JobOptions) -> list[str]:
         args += ["--straggler-factor", _number(options.straggler_factor)]
     if options.straggler_policy is not StragglerPolicy.REPORT:
         args += ["--straggler-policy", options.straggler_policy.value]
-    if options.warm_join:
-        args.append("--warm-join")
+    if not options.warm_join:
+        args.append("--no-warm-join")
     return [*args, "--", *options.command]
 
 

@@ -1269,7 +1269,15 @@ class RingPolicy:
         previous = self.ring
         epoch = (previous.epoch if previous else 0) + 1
         waiting = tuple(s for s in target if s not in view.waiting)
-        self.ring = Ring(epoch, target, RingState.FORMING, self.rendezvous, waiting, cause)
+        self.ring = Ring(
+            epoch,
+            target,
+            RingState.FORMING,
+            self.rendezvous,
+            waiting,
+            cause,
+            has_run=previous is not None and previous.trained,
+        )
         before = self.member_incarnations
         self.member_incarnations = {s: view.procs[s].incarnation for s in target if s in view.procs}
         self.epoch_since = view.now
@@ -1342,7 +1350,7 @@ class RingPolicy:
                 self.ring = replace(ring, waiting=waiting)
                 decisions.append(self._write_ring())
             return decisions
-        self.ring = replace(ring, state=RingState.RUNNING, waiting=())
+        self.ring = replace(ring, state=RingState.RUNNING, waiting=(), has_run=True)
         self.holders = set(ring.slots)
         self._remember_epoch(ring)
         took = view.now - self.epoch_since

@@ -10,12 +10,19 @@ The rule: when no member of the running ring epoch (while a resize epoch forms: 
 running one, whose members train until their next commit) has made progress (a step or a commit) for
 ``--hang-timeout`` seconds, while none of them is in a marked phase (startup until its first
 step, a sync, an evaluation, a checkpoint write), the watchdog asks every member for its
+stacks. A marked phase holds the clock only while the members in one share it: ranks sitting
+in different phases -- some in the state sync, one still in its start-up, running collectives
+of its own -- cannot all be waiting for each other's long work, so that counts as no progress
+too (a newcomer admitted before its script ran, whose warm-up allreduce met the survivors'
+sync, hung that way for ever). Then it asks every member for its
 stacks, waits up to :data:`STACKS_WAIT` seconds for them, and finds the odd ones out: the ranks
 that are not waiting in a collective (or did not answer). Those are replaced -- the others then
 fail their collective, roll back to the last commit and re-form with the replacement. When
-every rank waits in a collective (mismatched collectives, a hung NCCL), all but rank 0, which
-holds the committed state, are replaced. A second hang at the same place (the same frames of
-the odd ones out) fails the job with the diagnosis as its reason.
+every rank waits in a collective of ranks in different phases, the odd ones out are those not
+in rank 0's phase; when every rank waits in a collective of one phase (mismatched collectives,
+a hung NCCL), all but rank 0, which holds the committed state, are replaced. A second hang at
+the same place (the same frames of the odd ones out) fails the job with the diagnosis as its
+reason.
 """
 
 from __future__ import annotations
@@ -161,9 +168,19 @@ class HangWatchdog:
             if now - quiet_since < self.timeout:
                 return []
             self._asked_at = now
+            phases = _phases(current)
+            apart = (
+                " while its ranks sit in different phases ("
+                + ", ".join(
+                    f"{slot} {seen.report.phase or 'training'}" for slot, seen in current.items()
+                )
+                + ")"
+                if len(phases) > 1
+                else ""
+            )
             return [
                 Log(
-                    f"epoch {ring.epoch}: no progress for {now - quiet_since:.1f} s "
+                    f"epoch {ring.epoch}: no progress for {now - quiet_since:.1f} s{apart} "
                     f"(--hang-timeout {self.timeout:g}); collecting every rank's stacks"
                 ),
                 RequestStacks(ring.slots),
@@ -195,11 +212,10 @@ class HangWatchdog:
         return self._running
 
     def _quiet_since(self, now: float, ring: Ring, current: Mapping[str, SeenProgress]) -> float:
-        """Since when the ring made no progress; ``now`` while the clock is held (a member in a
-        marked phase, or one that has not reported from this incarnation yet)."""
-        if len(current) < len(ring.slots) or any(
-            seen.report.phase is not None for seen in current.values()
-        ):
+        """Since when the ring made no progress; ``now`` while the clock is held: members in
+        one marked phase (those in none wait for them), or one that has not reported from this
+        incarnation yet. Members in different marked phases hold nothing."""
+        if len(current) < len(ring.slots) or len(_phases(current)) == 1:
             self._clock_start = now
             return now
         return max(self._clock_start, *(seen.changed_at for seen in current.values()))
@@ -225,6 +241,11 @@ class HangWatchdog:
                     HangRank(slot, rank, step, answer.collective, answer.where, answer.stacks, True)
                 )
         odd = tuple(r.slot for r in ranks if not r.answered or r.collective is None)
+        if not odd and len(_phases(current)) > 1:
+            # Collectives of different phases: those apart from rank 0's (which holds the
+            # committed state) are the odd ones out.
+            first = current[ring.slots[0]].report.phase if ring.slots[0] in current else None
+            odd = tuple(s for s in ring.slots if s in current and current[s].report.phase != first)
         if not odd:
             odd = ring.slots[1:] or ring.slots
         place = tuple(sorted(r.where for r in ranks if r.slot in odd))
@@ -237,6 +258,11 @@ class HangWatchdog:
             action = f"replacing {', '.join(f'slot {slot}' for slot in odd)} (at {where})"
         record = HangRecord(ring.epoch, look.wall, round(stalled_for, 1), action, tuple(ranks))
         return HangFound(record, () if fail else odd, fail)
+
+
+def _phases(current: Mapping[str, SeenProgress]) -> set[str]:
+    """The marked phases the members are in (none: all of them train)."""
+    return {seen.report.phase for seen in current.values() if seen.report.phase is not None}
 
 
 def _current(

@@ -25,21 +25,26 @@ pytestmark = pytest.mark.timeout(60)
 TOKEN = "t0ken"  # noqa: S105 - a test token
 
 
-def test_warm_join_is_a_job_option_stored_with_the_job() -> None:
+def test_warm_join_is_the_default_job_option_and_can_be_turned_off() -> None:
+    """Issue #39, item 4: a newcomer's code before its elastic run never meets the survivors'
+    sync by default; --no-warm-join admits it before its script starts, as before."""
     parser = argparse.ArgumentParser()
     job_options.add_job_flags(parser)
     job_options.add_command(parser)
     default = job_options.job_options(["t.py"])
-    assert not job_options.job_settings(default).warm_join
+    assert job_options.job_settings(default).warm_join
+    assert job_options.from_args(parser.parse_args(["--", "t.py"])).warm_join
     assert "--warm-join" not in job_options.to_args(default)
-    parsed = job_options.from_args(parser.parse_args(["--warm-join", "--", "t.py"]))
+    assert job_options.from_args(parser.parse_args(["--warm-join", "--", "t.py"])).warm_join
+    parsed = job_options.from_args(parser.parse_args(["--no-warm-join", "--", "t.py"]))
     settings = job_options.job_settings(parsed)
-    assert settings.warm_join
+    assert not settings.warm_join
     assert JobSettings.from_json("config/job", settings.to_json()) == settings
+    assert "--no-warm-join" in job_options.to_args(parsed)
     assert job_options.from_args(parser.parse_args(job_options.to_args(parsed))) == parsed
-    # A record written before the field keeps the default.
+    # A record written before the field has the default.
     older = {k: v for k, v in settings.to_json().items() if k != "warm_join"}
-    assert not JobSettings.from_json("config/job", older).warm_join
+    assert JobSettings.from_json("config/job", older).warm_join
 
 
 class Waiter:

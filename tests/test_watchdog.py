@@ -164,6 +164,64 @@ def test_a_rank_in_a_marked_phase_holds_the_clock(phase: str) -> None:
     assert any(isinstance(d, RequestStacks) for d in watchdog.step(ranks.look()))
 
 
+def test_every_rank_in_one_phase_holds_the_clock() -> None:
+    """The first ring: every rank in its start-up (one builds a big model, the others wait
+    for it in their first sync -- also 'startup' until their first step)."""
+    watchdog, ranks = HangWatchdog(TIMEOUT), Ranks()
+    for _ in range(10):
+        for slot in SLOTS:
+            ranks.report(slot, 0, phase="startup")
+        assert watchdog.step(ranks.look()) == []
+        ranks.now += 10
+
+
+def test_ranks_in_different_phases_hang_after_the_timeout_and_are_diagnosed() -> None:
+    """Issue #39, item 4: survivors in the state sync and a newcomer still in its start-up
+    (admitted before its script ran, its warm-up allreduce meeting their broadcast) used to
+    hold the clock for ever. Each rank waits in a collective: the one apart from rank 0's
+    phase, the newcomer, is replaced."""
+    watchdog, ranks = HangWatchdog(TIMEOUT), Ranks()
+    ranks.all_step(10)
+    watchdog.step(ranks.look())
+    for slot in ("n0.0", "n1.0"):
+        ranks.report(slot, 10, phase="sync")
+    ranks.report("n2.0", 0, phase="startup")
+    ranks.now += TIMEOUT - 1
+    assert watchdog.step(ranks.look()) == []
+    ranks.now += 1.5
+    decisions = watchdog.step(ranks.look())
+    assert isinstance(decisions[0], Log), decisions
+    assert (
+        "while its ranks sit in different phases (n0.0 sync, n1.0 sync, n2.0 startup)"
+        in decisions[0].message
+    )
+    assert decisions[1] == RequestStacks(SLOTS)
+    sync = StacksReport(1, "Horovod broadcast (functions.py:60 in broadcast_variables)", "", "")
+    answers = {
+        "n0.0": sync,
+        "n1.0": sync,
+        "n2.0": in_collective("train.py:71 in <module>"),
+    }
+    [found] = watchdog.step(ranks.look(stacks=answers))
+    assert isinstance(found, HangFound) and found.replace == ("n2.0",)
+    by_slot = {rank.slot: rank for rank in found.record.ranks}
+    assert by_slot["n2.0"].where == "train.py:71 in <module>"
+    assert by_slot["n0.0"].collective is not None and by_slot["n0.0"].collective.startswith(
+        "Horovod broadcast"
+    )
+
+
+def test_a_rank_in_a_phase_beside_ranks_that_train_holds_the_clock() -> None:
+    """One rank checkpoints, the others wait for it in their next allreduce (no phase)."""
+    watchdog, ranks = HangWatchdog(TIMEOUT), Ranks()
+    ranks.all_step(10)
+    watchdog.step(ranks.look())
+    for _ in range(10):
+        ranks.now += 10
+        ranks.report("n0.0", 10, phase="checkpoint")
+        assert watchdog.step(ranks.look()) == []
+
+
 def test_progress_while_collecting_stacks_calls_it_off() -> None:
     watchdog, ranks = HangWatchdog(TIMEOUT), Ranks()
     hang_until_asked(watchdog, ranks)

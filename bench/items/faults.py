@@ -236,11 +236,12 @@ def elastic_run_faults(
     ctx: Context, schedule: list[str], *, warm: bool = False, ea_state: bool = False
 ) -> list[dict[str, Any]]:
     """Run the fault schedule on one elastic-run job of 3 workers; one result per fault.
-    ``warm``: the job has --warm-join and the script warms its step up; ``ea_state``: the
+    ``warm``: the job has --warm-join and the script warms its step up (else --no-warm-join,
+    the cold joiner: the baseline); ``ea_state``: the
     script's state is elastic_allreduce.State."""
     job_id = ctx.job_id("faults-warm" if warm else "faults")
     results = []
-    flags: tuple[str, ...] = ("--warm-join",) if warm else ()
+    flags: tuple[str, ...] = ("--warm-join",) if warm else ("--no-warm-join",)
     extra: tuple[str, ...] = ("--warm-up",) if warm else ()
     if ea_state:
         extra += ("--ea-state",)

@@ -132,8 +132,8 @@ class _Fields:
     def opt_text(self, name: str) -> str | None:
         return self.text(name) if self.has(name) else None
 
-    def flag(self, name: str) -> bool:
-        raw = self.value.get(name, False)
+    def flag(self, name: str, default: bool = False) -> bool:
+        raw = self.value.get(name, default)
         if not isinstance(raw, bool):
             raise self._bad(name, "true or false")
         return raw
@@ -253,9 +253,10 @@ class JobSettings:
     straggler_factor: float = 2.0
     #: What is done with a straggler.
     straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
-    #: Training processes build their model and warm up at a ring of one before they ask to
-    #: join (``--warm-join``; elastic_allreduce/warm.py).
-    warm_join: bool = False
+    #: A process that starts once the job has trained builds its model and runs the script's
+    #: code before its elastic run at a ring of one, and asks to join only then (the default;
+    #: ``--no-warm-join`` turns it off; elastic_allreduce/warm.py).
+    warm_join: bool = True
 
     def to_json(self) -> dict[str, JsonValue]:
         return {
@@ -298,7 +299,7 @@ class JobSettings:
             straggler_policy=fields.enum(
                 "straggler_policy", StragglerPolicy, StragglerPolicy.REPORT
             ),
-            warm_join=fields.flag("warm_join"),
+            warm_join=fields.flag("warm_join", default=True),
         )
         if settings.min_workers > settings.max_workers:
             raise MalformedValueError(
@@ -676,6 +677,15 @@ class Ring:
     #: of ``slots``; empty in a ring written before this field. A launcher that takes the job
     #: over tells a member from a later process of its slot by it.
     incarnations: tuple[int, ...] = ()
+    #: Some epoch of the job has run (this one or an earlier one): a process that starts now
+    #: warms up before it joins (--warm-join); before, it starts with the job's first ring.
+    has_run: bool = False
+
+    @property
+    def trained(self) -> bool:
+        """Whether the job has trained: some epoch ran (also for a ring written before
+        ``has_run`` existed, when this one runs)."""
+        return self.has_run or self.state is RingState.RUNNING
 
     def incarnation(self, slot: str) -> int | None:
         """The incarnation ``slot`` had when it became a member; None when not known."""
@@ -709,6 +719,7 @@ class Ring:
             "cause": self.cause.value,
             "restarts_used": self.restarts_used,
             "incarnations": list(self.incarnations),
+            "has_run": self.has_run,
         }
 
     @classmethod
@@ -737,6 +748,7 @@ class Ring:
             fields.enum("cause", EpochCause, EpochCause.START),
             fields.opt_integer("restarts_used", minimum=0) or 0,
             incarnations,
+            fields.flag("has_run"),
         )
 
 
