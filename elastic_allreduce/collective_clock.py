@@ -22,7 +22,8 @@ their reports carry no wait and the watch skips the ring.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
@@ -32,6 +33,17 @@ _lock = threading.Lock()
 _clock: tf.Variable | None = None
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _as_python(func: _F) -> _F:
+    """``func``, run as plain Python when a step that calls it is traced (AutoGraph would try
+    to convert it, fail on its closures and warn)."""
+    plain: _F = tf.autograph.experimental.do_not_convert(func)
+    return plain
+
+
+@_as_python
 def _variable() -> tf.Variable:
     """The process's [ready, done] timestamps of the last allreduce, made once, eagerly.
 
@@ -105,6 +117,7 @@ def timed(tape: Any) -> Any:  # noqa: ANN401 - Horovod's classes are made at run
     if allreduce is None or getattr(tape, _TIMED, False):
         return tape
 
+    @_as_python
     def timed_allreduce(gradients: list[Any], sources: list[Any], *args: Any) -> Any:  # noqa: ANN401
         clock = _variable()
         with tf.control_dependencies(_tensors(gradients)):

@@ -513,6 +513,9 @@ class RingPolicy:
         #: of one process by them (see _script_bug).
         self.epoch_members: dict[int, frozenset[tuple[str, int]]] = {}
         self.script_errors: dict[tuple[str, int], ScriptError] = {}
+        #: The resize epoch whose lone member's missed commit was logged (see
+        #: _watch_for_stuck_members).
+        self._alone_told: int | None = None
 
     @property
     def target_workers(self) -> int:
@@ -1396,6 +1399,20 @@ class RingPolicy:
             return []
         silent_for = view.now - self.epoch_since
         if ring.cause is EpochCause.RESIZE and silent_for > self.settings.resize_timeout:
+            if len(self.holders) == 1 and set(ring.waiting) == self.holders:
+                # A ring of one: its collectives never touch the network, so nothing can
+                # interrupt it, and killing it would lose the only copy of the state. The
+                # newcomers wait until it commits, or its script ends.
+                if self._alone_told != ring.epoch:
+                    self._alone_told = ring.epoch
+                    return [
+                        Log(
+                            f"epoch {ring.epoch}: slot {ring.waiting[0]}, a ring of one, has "
+                            f"not reached a commit in {silent_for:.0f} s; the newcomers wait for "
+                            "its next commit (a ring of one cannot be interrupted)"
+                        )
+                    ]
+                return []
             self.ring = replace(ring, cause=EpochCause.FAILURE)
             self.epoch_since = view.now
             return [

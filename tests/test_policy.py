@@ -562,7 +562,7 @@ def test_a_state_mismatch_fails_the_job_at_once_even_with_restarts_left() -> Non
 
 
 def script_error(message: str = "bad batch at step 3", *, trained: bool = True) -> ScriptError:
-    lines = ("  File \"train.py\", line 40, in train", f"ValueError: {message}")
+    lines = ('  File "train.py", line 40, in train', f"ValueError: {message}")
     return ScriptError("ValueError", message, 1, trained, lines)
 
 
@@ -648,6 +648,38 @@ def test_a_signal_is_never_a_bug_in_the_script() -> None:
     world.kill(slots[1])
     decisions = step(policy, world)
     assert not of(FinishJob, decisions) and policy.restarts_used == 2
+
+
+def test_members_that_miss_their_commit_in_a_resize_are_interrupted_as_a_failure() -> None:
+    policy, world, _ = started_job(count=2, resize_timeout=60.0, stuck_timeout=5.0)
+    world.add_node("n2")
+    ring = of(WriteRing, step(policy, world))[0].ring
+    assert (ring.cause, ring.waiting) == ("resize", ("n0.0", "n1.0"))
+    world.now = 61.0
+    decisions = step(policy, world)
+    assert of(WriteRing, decisions)[0].ring.cause == "failure"
+    assert any("did not reach a commit in time" in d.message for d in of(Log, decisions))
+
+
+def test_a_ring_of_one_that_misses_its_commit_is_waited_for_never_killed() -> None:
+    """Issue #39 (a script that never commits): a lone rank's collectives never touch the
+    network, so it cannot be interrupted, and killing it would lose the only copy of the
+    state. The newcomer waits; the lone rank is not replaced as stuck."""
+    policy, world, slots = started_job(count=2, max_restarts=2, resize_timeout=60.0)
+    world.kill(slots[1])
+    step(policy, world)
+    world.waiting[slots[0]] = WaitKind.RESET
+    assert answers(step(policy, world)) == {slots[0]: 0}  # a ring of one
+    world.add_node("n1", incarnation=2)
+    ring = of(WriteRing, step(policy, world))[0].ring
+    assert (ring.cause, ring.waiting) == ("resize", (slots[0],))
+    world.now = 61.0
+    [log] = step(policy, world)
+    assert isinstance(log, Log) and "a ring of one cannot be interrupted" in log.message
+    for now in (70.0, 200.0, 1000.0):
+        world.now = now
+        assert step(policy, world) == []
+    assert policy.ring is not None and policy.ring.cause == "resize"
 
 
 def test_fail_ends_the_job_with_the_reason_once() -> None:

@@ -71,4 +71,6 @@ def train(state):
 state = hvd.elastic.TensorFlowKerasState(model, optimizer, step=0)
 train(state)
 checksum = float(sum(float(tf.reduce_sum(v)) for v in model.variables))
-print(json.dumps({"event": "done", "step": state.step, "slot": slot, "checksum": round(checksum, 6)}))
+print(
+    json.dumps({"event": "done", "step": state.step, "slot": slot, "checksum": round(checksum, 6)})
+)
