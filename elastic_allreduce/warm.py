@@ -1,27 +1,31 @@
-"""Warm joiners (``--warm-join``): a newcomer builds its model and warms up before it joins.
+"""Warm joiners (``--warm-join``, the default): a newcomer runs its script up to its elastic run
+at a ring of one, and only then joins.
 
 Without it a process that joins a running ring waits at the launcher's readiness barrier and
 only runs the script once its ring epoch started: it builds the model and traces its first
-step while every other rank waits for it in the state broadcast (bench item 4: about 2 s).
+step while every other rank waits for it in the state broadcast (bench item 4: about 2 s) --
+and whatever its script does with collectives before its elastic run (Horovod's examples run a
+warm-up step) meets the others' state sync: a hang.
 
-With ``--warm-join``, a process that finds a ring training without it (a scale-up, a restarted
-or replaced process) runs the script at once, with Horovod initialised as a ring of its own
+A warm joiner -- a process that starts once the job has trained (a scale-up, a restarted or
+replaced process) -- runs the script at once, with Horovod initialised as a ring of its own
 (rank 0 of 1: no peers, no rendezvous), and asks to join only when the script enters its
 elastic run (``ea.run`` or ``hvd.elastic.run``), before the first state sync. Meanwhile the ring
-trains on: the imports, the model and optimizer, and the step given to :func:`warm_up` happen
-off everyone else's clock. At a ring of one Horovod's gradient allreduce is skipped, and in
-elastic mode the size is read when a step runs, not when it is traced, so the trace stays
-valid in the ring. Then the process puts its state back to what it was before the warm-up,
-initialises Horovod again with its rank in the ring -- as every member does at a reset -- and
-runs the state's reset callbacks; the sync gives it the ring's committed state.
+trains on: the imports, the model and optimizer, the script's own warm-up and the step given to
+:func:`warm_up` happen off everyone else's clock. At a ring of one Horovod's gradient allreduce
+is skipped, and in elastic mode the size is read when a step runs, not when it is traced, so the
+trace stays valid in the ring. Then the process puts its state back to what it was before the
+warm-up, initialises Horovod again with its rank in the ring -- as every member does at a reset
+-- and runs the state's reset callbacks; the sync gives it the ring's committed state.
 
-The limit, for ``ea.State`` and plain Horovod scripts alike: code before the elastic run sees
-rank 0 of size 1. Collectives there are local (a sum is this process's own value), and work
-that the script gives to rank 0 (writing files, printing) runs in every warm joiner. Values
-that depend on the rank or size belong in reset callbacks (``state.register_reset_callbacks``,
-``ea.State(on_resize=...)``), as for any elastic Horovod script, whose ranks change at every
-reset. A ring's first epoch, and a process that is a member of the epoch being formed, start
-as without the option: nobody waits for them.
+What code before the elastic run sees, for ``ea.State`` and plain Horovod scripts alike: rank 0
+of size 1. Collectives there are local (a sum is this process's own value), and work that the
+script gives to rank 0 (writing files, printing) runs in every warm joiner (a Keras
+``ModelCheckpoint`` made there saves only while the process is rank 0 of the ring:
+:mod:`elastic_allreduce.hooks`). Values that depend on the rank or size belong in reset
+callbacks (``state.register_reset_callbacks``, ``ea.State(on_resize=...)``), as for any elastic
+Horovod script, whose ranks change at every reset. Before the job's first epoch ran, every
+process starts with the first ring: nobody holds a state to sync yet.
 """
 
 from __future__ import annotations

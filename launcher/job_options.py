@@ -185,8 +185,10 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_HANG_TIMEOUT,
         metavar="S",
         help="seconds the ring may make no progress (no rank finishing a step or a commit, none "
-        "in a marked phase such as an evaluation) before the hang watchdog collects every "
-        "rank's stacks and replaces the ranks that are not waiting in a collective; a second "
+        "in a marked phase such as an evaluation; ranks in different phases, such as some in "
+        "the state sync and one in its start-up, count as no progress) before the hang "
+        "watchdog collects every rank's stacks and replaces the ranks that are not waiting in "
+        "a collective (all waiting: those apart from rank 0's phase); a second "
         f"hang at the same place fails the job. At least {_number(MIN_HANG_TIMEOUT)}, or 0 for "
         f"no watchdog (default {_number(DEFAULT_HANG_TIMEOUT)})",
     )

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
-from elastic_allreduce import env
+from elastic_allreduce import bootstrap, env
 from elastic_allreduce.bootstrap import script_error, write_script_error
 from elastic_allreduce.records.values import (
     MAX_ERROR_LINES,
@@ -35,7 +35,10 @@ def raised(exc: BaseException) -> BaseException:
         return caught
 
 
-def test_an_exception_is_its_type_message_and_last_traceback_lines() -> None:
+def test_an_exception_is_its_type_message_and_last_traceback_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bootstrap, "progress_ticks", lambda: 0)
     error = script_error(raised(ValueError("bad batch at step 3")))
     assert error is not None
     assert (error.kind, error.message) == ("ValueError", "bad batch at step 3")
@@ -43,6 +46,9 @@ def test_an_exception_is_its_type_message_and_last_traceback_lines() -> None:
     assert any("in raised" in line for line in error.lines)
     assert not any(set(line.strip()) <= {"^", "~"} for line in error.lines)
     assert (error.epoch, error.trained) == (0, False)  # outside a ring, no step counted
+    monkeypatch.setattr(bootstrap, "progress_ticks", lambda: 3)
+    trained = script_error(raised(ValueError("bad batch at step 3")))
+    assert trained is not None and trained.trained
 
 
 def test_a_scripts_own_exception_class_is_named_with_its_module() -> None:

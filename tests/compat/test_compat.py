@@ -74,10 +74,11 @@ class Pattern:
     script: str
     args: tuple[str, ...] = ()
     flags: tuple[str, ...] = ("--workers", "2")
-    #: The ring's size, and which rank the test kills.
+    #: The ring's size, and which rank the test kills (or, when given, the slot of that index).
     size: int = 2
     victim_rank: int = 1
     hold_at: int = 2
+    victim_index: int | None = None
 
 
 def run_through_a_sigkill(
@@ -107,7 +108,12 @@ def run_through_a_sigkill(
     victim = next(
         e.slot
         for e in events(job, "held")
-        if e.data["size"] == pattern.size and e.data["rank"] == pattern.victim_rank
+        if e.data["size"] == pattern.size
+        and (
+            e.slot.endswith(f".{pattern.victim_index}")
+            if pattern.victim_index is not None
+            else e.data["rank"] == pattern.victim_rank
+        )
     )
     killed = {victim: kill(job, victim)}
     for slot in kill_more(job, dict(killed)):
@@ -261,7 +267,7 @@ def test_local_ranks_are_the_slots_own_through_two_kills(
         ("--node-dir", str(nodes)),
         ("--workers", "1", "--nproc-per-node", "4"),
         size=4,
-        victim_rank=1,
+        victim_index=1,
     )
     job, killed = run_through_a_sigkill(etcd_server, jobs, tmp_path, pattern, then_slot_3)
     assert sorted(slot.rsplit(".", 1)[1] for slot in killed) == ["1", "3"]

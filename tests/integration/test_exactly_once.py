@@ -123,8 +123,12 @@ def replay(audit: Path, learning_rate: Callable[[int], float]) -> np.ndarray:
 class Runner:
     """Carries out a schedule on a running job."""
 
-    def __init__(self, etcd: EmbeddedEtcd, job: Job, audit: Path, jobs: list[Job]) -> None:
+    def __init__(
+        self, etcd: EmbeddedEtcd, job: Job, audit: Path, jobs: list[Job], hold: Path
+    ) -> None:
         self.etcd, self.job, self.audit, self.jobs = etcd, job, audit, jobs
+        #: The custom loop's hold file (ea_data.py --hold-file), touched by "during-reform".
+        self.hold = hold
 
     def current_size(self) -> int:
         return int(self.job.commits()[-1].data["size"])
@@ -184,6 +188,10 @@ class Runner:
             assert action.what == "kill", action
             self.wait_for_moment("after-commit", action.min_size)
             formed = sum("forming epoch" in line for line in self.job.lines)
+            # The ring waits at its commits (no step is taken, none skipped) until the joiner
+            # -- which warms up first -- asks: the data would otherwise run out first on a
+            # loaded machine.
+            self.hold.touch()
             self.join(until_admitted=False)
             self.job.wait_for(
                 lambda: sum("forming epoch" in line for line in self.job.lines) > formed,
@@ -191,6 +199,7 @@ class Runner:
                 "the ring to re-form for the joiner",
             )
             self.kill(action.min_size, old_member=True)
+            self.hold.unlink()
             return
         self.wait_for_moment(action.moment, action.min_size)
         getattr(self, action.what)(action.min_size)
@@ -202,15 +211,16 @@ def test_every_sample_is_applied_exactly_once_through_a_schedule_of_changes(
 ) -> None:
     flags, schedule = SCHEDULES[name]
     audit = tmp_path / "audit"
+    hold = tmp_path / "hold"
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-workers", "4", "--max-restarts", "3"),
         script=DATA_SCRIPT,
-        script_args=(*DATA, *flags),
+        script_args=(*DATA, *flags, "--hold-file", str(hold)),
         env={"ELASTIC_ALLREDUCE_SAMPLE_LOG": str(audit)},
     )
     jobs.append(job)
-    runner = Runner(etcd_server, job, audit, jobs)
+    runner = Runner(etcd_server, job, audit, jobs, hold)
     for action in schedule:
         runner.run(action)
     try:

@@ -54,6 +54,9 @@ def test_a_restart_without_optimizer_variables_rejoins_instead_of_deadlocking(
     job = start_job(
         etcd_server,
         *("--workers", "3", "--max-restarts", "1"),
+        # Its subject: a newcomer admitted before its script ran (a warm joiner has built
+        # its optimizer at its ring of one by the time it joins).
+        "--no-warm-join",
         script=script,
         script_args=("--stop-file", str(stop), "--step-delay", "0.02", *extra),
     )

@@ -7,7 +7,9 @@ or TFRecord shards this process writes to a private temporary directory); --kera
 whichever comes first; prints a JSON "commit" line per commit and, at the end,
 {"event": "done", "loss": L, "weights": [...]} with L the mean squared error over the whole
 dataset computed in float64 from the final weights. With ELASTIC_ALLREDUCE_SAMPLE_LOG set, every
-rank writes the sample audit log that `python -m elastic_allreduce.audit` checks.
+rank writes the sample audit log that `python -m elastic_allreduce.audit` checks. With
+``--hold-file F`` the custom loop waits at its commits while F exists, taking membership changes
+meanwhile (tests/scripts/hold_file.py): a test lets a joiner in before the data runs out.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import hold_file
 import numpy as np
 import tensorflow as tf
 import tiny_model
@@ -37,6 +40,7 @@ parser.add_argument("--scale-lr", action="store_true", help="learning rate --lr-
 parser.add_argument("--lr-per-rank", type=float, default=0.05)
 parser.add_argument("--source", choices=("arrays", "records", "tfrecords"), default="arrays")
 parser.add_argument("--keras", action="store_true", help="train with model.fit")
+parser.add_argument("--hold-file", help="the custom loop waits at its commits while it exists")
 args = parser.parse_args()
 
 ea.init()
@@ -148,6 +152,14 @@ def train(state):
             if state.step % args.commit_every == 0 or finished(state):
                 state.commit()
                 report_commit()
+                if args.hold_file and not finished(state):
+                    hold_file.hold(
+                        state,
+                        args.hold_file,
+                        agree=lambda wanted: float(ea.allreduce(tf.constant(wanted))),
+                        size=ea.size,
+                        report=lambda event, _: print(json.dumps({"event": event}), flush=True),
+                    )
             if finished(state):
                 return
         data.next_epoch(state)
