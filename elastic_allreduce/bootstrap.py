@@ -508,13 +508,18 @@ def _run_script(args: list[str], registration: Registration) -> int:
     slot = _required(env.SLOT)
     code = 1
     try:
-        if args[0] == "-m":
-            sys.argv = args[1:]
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = args
-            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
-            runpy.run_path(args[0], run_name="__main__")
+        try:
+            if args[0] == "-m":
+                sys.argv = args[1:]
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = args
+                sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+                runpy.run_path(args[0], run_name="__main__")
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        # The script ended (returned, or sys.exit(0)): a warm joiner must have joined.
         warm.check_joined()
         code = 0
     except warm.NeverJoinedError as exc:

@@ -3,10 +3,14 @@ item 3). Real etcd, Horovod/Gloo and processes; the rules, step by step: tests/t
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
+from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import ROOT
 from tests.integration.harness import Job, start_job
@@ -63,3 +67,31 @@ def test_a_rank_that_crashes_once_is_restarted_and_the_job_finishes(
     done = [e.data for e in job.events if e.data.get("event") == "done"]
     assert len(done) == 2 and {d["step"] for d in done} == {40}, done
     assert len({d["checksum"] for d in done}) == 1, done
+
+
+def test_a_process_whose_script_never_enters_its_elastic_run_fails_the_job_clearly(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
+) -> None:
+    """A process that starts once the job trained runs its script at a ring of one until its
+    elastic run; one whose script ends without one (it trained alone) used to exit 0 as if it
+    had finished. It now fails with one message, and its restart failing the same way before a
+    step is a bug in the script."""
+    stop = tmp_path / "stop"
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--max-restarts", "3", *ALL_AT_START),
+        script=str(ROOT / "tests" / "scripts" / "never_joins.py"),
+        script_args=("--stop-file", str(stop)),
+    )
+    jobs.append(job)
+    job.wait_for(
+        lambda: any("epoch 1 running with 2 ranks" in line for line in job.lines),
+        120,
+        "the first ring",
+    )
+    os.kill(job.pid(keys.proc("n1.0")), signal.SIGKILL)
+    assert job.finish(timeout=120) == 1, job.tail()
+    never = [line for line in job.lines if "ended without entering an elastic run" in line]
+    assert len(never) >= 2, job.tail()  # incarnations 2 and 3, at their rings of one
+    assert "failed again as its predecessor did, before it trained a step" in job.lines[-1]
+    assert "NeverJoinedError" in job.lines[-1], job.lines[-1]
