@@ -489,9 +489,9 @@ def _observability(item: dict[str, Any]) -> list[str]:
         f"round. A: observed (`{item['observed_flags']}`, and a thread of the suite GETs "
         f"`/metrics` every {item['scrape_interval_s']:g} s for the whole job, as Prometheus "
         "would); B: neither flag, nothing scraping. Both run `hvd_steps.py --summaries`: the "
-        "script attaches rank 0's summaries (`elastic_allreduce.tensorboard`, as `ea.State` "
-        "does; without a directory they add no step listener) and passes each step's global "
-        "batch and loss to `report_step`.",
+        "script attaches rank 0's summaries (`elastic_allreduce.training.tensorboard`, as "
+        "`ea.State` does; without a directory they add no step listener) and passes each "
+        "step's global batch and loss to `report_step`.",
         "",
         *_observability_load(item),
         *_rate_table(

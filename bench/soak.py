@@ -75,9 +75,10 @@ from typing import IO, Any, Final, TypeVar, cast
 
 from bench import soak_report
 from bench.jobs import ELASTIC_RUN, ROOT, process_tree, summarize
-from elastic_allreduce import audit, env
+from elastic_allreduce import env
 from elastic_allreduce.errors import EtcdServerError
 from elastic_allreduce.store.embedded import free_port
+from elastic_allreduce.training import audit
 from tests.helpers import testhosts
 from tests.helpers.etcd_cluster import START_TIMEOUT, ClusterMember, EtcdCluster
 from tests.helpers.testhosts import Host, TestHosts

@@ -1,7 +1,7 @@
 """elastic-allreduce: elastic, fault-tolerant TensorFlow 2 training on Horovod's ring allreduce.
 
 The worker-side library. ``import elastic_allreduce as ea`` gives the training API of
-:mod:`elastic_allreduce.worker` (``ea.init``, ``ea.run``, ``ea.State``, ``ea.rank``, ...),
+:mod:`elastic_allreduce.training.api` (``ea.init``, ``ea.run``, ``ea.State``, ``ea.rank``, ...),
 and ``ea.report_step`` / ``ea.phase`` of :mod:`elastic_allreduce.progress`, all imported on
 first use so that the control plane can use :mod:`elastic_allreduce.store` without
 loading TensorFlow. This package never imports :mod:`launcher` (the control plane).
@@ -51,5 +51,5 @@ def __getattr__(name: str) -> Any:  # noqa: ANN401 - the worker API's objects ha
     if name in _PROGRESS_NAMES:
         return getattr(importlib.import_module("elastic_allreduce.progress"), name)
     if name in _WORKER_NAMES:
-        return getattr(importlib.import_module("elastic_allreduce.worker"), name)
+        return getattr(importlib.import_module("elastic_allreduce.training.api"), name)
     raise AttributeError(f"module 'elastic_allreduce' has no attribute {name!r}")

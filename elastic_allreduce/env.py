@@ -60,7 +60,8 @@ INCARNATION: Final = "ELASTIC_ALLREDUCE_INCARNATION"
 #: (elastic_allreduce.runtime; Horovod's own local ranks are 0 of 1, every slot a host).
 LOCAL_SIZE: Final = "ELASTIC_ALLREDUCE_LOCAL_SIZE"
 #: The slot's GPU: its index among the GPUs the process sees, all of the node's (set by the
-#: agent; empty when the node was given none). elastic_allreduce.gpu selects it in TensorFlow.
+#: agent; empty when the node was given none). elastic_allreduce.bootstrap.gpu selects it in
+#: TensorFlow.
 GPU_INDEX: Final = "ELASTIC_ALLREDUCE_GPU_INDEX"
 #: TTL in seconds of a training process's liveness lease (set by the agent).
 PROCESS_TTL: Final = "ELASTIC_ALLREDUCE_PROCESS_TTL"
@@ -107,7 +108,8 @@ PERSIST_FD: Final = "ELASTIC_ALLREDUCE_PERSIST_FD"
 #: "off": none).
 SNAPSHOT_ROOT: Final = "ELASTIC_ALLREDUCE_SNAPSHOT_ROOT"
 #: Directory of the job's TensorBoard summaries (from --tensorboard-dir): rank 0 of the ring
-#: writes its per-step scalars and membership markers under it (elastic_allreduce.tensorboard).
+#: writes its per-step scalars and membership markers under it
+#: (elastic_allreduce.training.tensorboard).
 TENSORBOARD_DIR: Final = "ELASTIC_ALLREDUCE_TENSORBOARD_DIR"
 #: Directory where every rank appends one JSON line per training step (the sample audit log).
 SAMPLE_LOG: Final = "ELASTIC_ALLREDUCE_SAMPLE_LOG"

@@ -80,7 +80,8 @@ class ProvisionerError(ElasticAllreduceError):
 
 class CheckpointError(ElasticAllreduceError):
     """A checkpoint cannot be loaded: unreadable, truncated, another job's or another state's.
-    The loader skips it with a warning and tries the previous one (elastic_allreduce.checkpoint).
+    The loader skips it with a warning and tries the previous one
+    (elastic_allreduce.commits.checkpoint).
     """
 
 

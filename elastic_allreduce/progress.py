@@ -5,7 +5,7 @@ after every step, ``ea.State`` at every commit) and marks long phases that are n
 :func:`phase` (``ea.State`` around its syncs and checkpoint writes, the model zoo around an
 evaluation). Counting is an attribute write: nothing leaves the process per step. Step
 listeners see every counted step too: rank 0's TensorBoard summaries
-(:mod:`elastic_allreduce.tensorboard`) are buffered there.
+(:mod:`elastic_allreduce.training.tensorboard`) are buffered there.
 
 Under ``elastic-run`` the bootstrap starts a :class:`Beacon`: a daemon thread that sends the
 counts to the launcher's rendezvous server about once a second (``PUT /progress/<slot>``, see
@@ -62,7 +62,7 @@ class _Counts:
 _counts = _Counts()
 _phases: list[str] = []
 _lock = threading.Lock()
-#: Seconds the last gradient allreduce waited (elastic_allreduce.collective_clock), once a
+#: Seconds the last gradient allreduce waited (elastic_allreduce.training.collective_clock), once a
 #: timed tape made the clock.
 _collective_clock: Callable[[], float | None] | None = None
 

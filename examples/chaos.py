@@ -81,7 +81,7 @@ def run(epochs: int, chaos: bool) -> tuple[float, float, int, list[str]]:
     from sklearn.datasets import load_digits
 
     samples = int(0.8 * len(load_digits().images))
-    checker = [sys.executable, "-m", "elastic_allreduce.audit", str(audit)]
+    checker = [sys.executable, "-m", "elastic_allreduce.training.audit", str(audit)]
     verdict = subprocess.run(
         [*checker, "--samples", str(samples), "--epochs", str(epochs)],
         check=False,

@@ -164,7 +164,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "elastic_allreduce.audit",
+            "elastic_allreduce.training.audit",
             str(audit),
             "--samples",
             str(samples),

@@ -45,9 +45,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Final
 
-from elastic_allreduce import env, logprefix, shm_snapshot
+from elastic_allreduce import env, logprefix
 from elastic_allreduce._process import die_with_parent, print_stacks_on_sigusr1
 from elastic_allreduce.codec import JsonValue
+from elastic_allreduce.commits import shm
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, ProtocolError, StoreError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import slot_id
@@ -236,8 +237,8 @@ class Agent:
         self._devices = slot_devices(inherited, settings.nproc_per_node)
         #: Where this node's slots keep their snapshot in shared memory (None: off), and the
         #: slots given a folder there, which the agent removes when it exits.
-        root = os.environ.get(env.SNAPSHOT_ROOT, shm_snapshot.DEFAULT_ROOT)
-        self._snapshot_root = None if root in ("", shm_snapshot.OFF) else root
+        root = os.environ.get(env.SNAPSHOT_ROOT, shm.DEFAULT_ROOT)
+        self._snapshot_root = None if root in ("", shm.OFF) else root
         self._snapshot_slots: set[str] = set()
         #: Copies rank 0's snapshots into the checkpoint folder for it (with --checkpoint-dir
         #: and snapshots); made when a process starts, closed whenever the processes stop.
@@ -270,7 +271,7 @@ class Agent:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         listener = self._listener = ProbeListener(settings.host)
         self._prober.start()
-        if self._snapshot_root is not None and not shm_snapshot.check_root(self._snapshot_root):
+        if self._snapshot_root is not None and not shm.check_root(self._snapshot_root):
             self._snapshot_root = None
         try:
             while True:
@@ -285,9 +286,7 @@ class Agent:
             self._stop_all(grace=5.0)
             if self._snapshot_root is not None:
                 # The snapshots live as long as the agent: no shared memory is left behind.
-                shm_snapshot.remove_slots(
-                    self._snapshot_root, settings.job_id, self._snapshot_slots
-                )
+                shm.remove_slots(self._snapshot_root, settings.job_id, self._snapshot_slots)
             if self._error_dir is not None:
                 shutil.rmtree(self._error_dir, ignore_errors=True)
             self.store.close()
@@ -795,7 +794,7 @@ class Agent:
         child_env.pop(env.PERSIST_FD, None)
         link = None
         if self._snapshot_root is not None:
-            folder = shm_snapshot.prepare_slot(self._snapshot_root, settings.job_id, slot)
+            folder = shm.prepare_slot(self._snapshot_root, settings.job_id, slot)
             if folder is not None:
                 self._snapshot_slots.add(slot)
                 child_env[env.SNAPSHOT_DIR] = str(folder)
@@ -1018,7 +1017,7 @@ def slot_devices(inherited: str | None, nproc: int) -> list[str]:
     """Each slot's GPU index (``ELASTIC_ALLREDUCE_GPU_INDEX``): its place among the GPUs the
     node was given, which every slot keeps seeing -- an inherited ``CUDA_VISIBLE_DEVICES`` (as
     Slurm or a container runtime sets it) stays as it is, because NCCL's peer-to-peer and
-    shared-memory transports need the peers' devices; :mod:`elastic_allreduce.gpu` limits
+    shared-memory transports need the peers' devices; :mod:`elastic_allreduce.bootstrap.gpu` limits
     TensorFlow to the slot's. ``""`` for every slot when the node was given no GPU (an empty
     ``CUDA_VISIBLE_DEVICES``). ConfigError when it was given fewer GPUs than it runs processes."""
     if inherited is not None:

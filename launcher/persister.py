@@ -1,5 +1,5 @@
 """The agent's side of the persistence channel: slots' snapshots copied into the checkpoint
-folder, off the training processes' critical path (:mod:`elastic_allreduce.persistence`).
+folder, off the training processes' critical path (:mod:`elastic_allreduce.commits.persistence`).
 
 For each process it starts, the agent asks :meth:`SnapshotPersister.link` for a socket pair:
 the process gets one end, a reader thread of the agent waits on the other. Requests go, in
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from elastic_allreduce.checkpoint_files import Checkpoint, CheckpointFolder, Skipped
+from elastic_allreduce.commits.folder import Checkpoint, CheckpointFolder, Skipped
+from elastic_allreduce.commits.persistence import MAX_MESSAGE, PersistReply, PersistRequest
 from elastic_allreduce.errors import ProtocolError
-from elastic_allreduce.persistence import MAX_MESSAGE, PersistReply, PersistRequest
 
 log = logging.getLogger(__name__)
 

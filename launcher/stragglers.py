@@ -3,7 +3,8 @@
 A synchronous ring steps at the pace of its slowest rank; the others wait for it in the
 gradient allreduce. Each rank reports the seconds its last step took and how long its last
 allreduce waited (``ProgressReport.step_seconds`` and ``collective_seconds``, about once a
-second: ``elastic_allreduce.collective_clock``); their difference is the rank's own share of the
+second: ``elastic_allreduce.training.collective_clock``); their difference is the rank's own share
+of the
 step (its compute, its input pipeline), measured on its own clock. A rank whose share stays
 above ``factor`` times the median share of the other ranks, over a window of ``window``
 reports of its own, is a straggler. It is announced once, and again only after it recovered

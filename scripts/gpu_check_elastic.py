@@ -53,7 +53,7 @@ emit(
     visible=visible,
     gpu_index=int(index) if index else None,
     # The GPU TensorFlow computes on, by its index among the physical ones (the bootstrap chose
-    # it before this script ran: elastic_allreduce.gpu).
+    # it before this script ran: elastic_allreduce.bootstrap.gpu).
     selected=int(visible[0].rsplit(":", 1)[1]) if len(visible) == 1 else None,
 )
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from elastic_allreduce import agreement
-from elastic_allreduce.agreement import StateDescription, VariableSpec
+from elastic_allreduce.agreement import shape as agreement
+from elastic_allreduce.agreement.shape import StateDescription, VariableSpec
 from elastic_allreduce.errors import ProtocolError
 
 KERNEL = VariableSpec("dense/kernel:0", (4, 1), "float32")
@@ -136,7 +136,7 @@ def test_a_missing_variable_and_other_extra_keys_are_mismatches() -> None:
 def test_a_built_optimizer_has_the_variables_its_first_step_would_create(legacy: bool) -> None:
     import tensorflow as tf  # noqa: PLC0415 - only this test needs TensorFlow
 
-    from elastic_allreduce import sync  # noqa: PLC0415
+    from elastic_allreduce.agreement import sync  # noqa: PLC0415
 
     def make() -> tuple[object, object]:
         model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,), name="d")])

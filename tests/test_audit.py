@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from elastic_allreduce.audit import SampleLog, check, main
+from elastic_allreduce.training.audit import SampleLog, check, main
 
 
 def write(directory: Path, name: str, lines: list[dict[str, object]]) -> None:

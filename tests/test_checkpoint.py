@@ -1,4 +1,5 @@
-"""Durable checkpoints (elastic_allreduce.checkpoint): real files, a real tiny full filesystem
+"""Durable checkpoints (elastic_allreduce.commits.checkpoint): real files, a real tiny full
+filesystem
 when this runs as root, and ea.State on real TensorFlow and Horovod in one subprocess.
 
 What each mechanism must guarantee: a write is fsynced (files, staging folder, job folder,
@@ -24,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastic_allreduce import checkpoint
-from elastic_allreduce.agreement import VariableSpec
-from elastic_allreduce.checkpoint import CheckpointDir, fingerprint
+from elastic_allreduce.agreement.shape import VariableSpec
+from elastic_allreduce.commits import checkpoint
+from elastic_allreduce.commits.checkpoint import CheckpointDir, fingerprint
 from elastic_allreduce.errors import ConfigError, MalformedValueError
 from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS, JobConfig, JobSettings
 from launcher import job_options

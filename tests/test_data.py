@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastic_allreduce.data import (
+from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.training.data import (
     ArraySource,
     EpochSharding,
     RecordSource,
     TFRecordSource,
     global_batch_for,
 )
-from elastic_allreduce.errors import ConfigError
 
 
 def test_the_order_is_a_deterministic_permutation_per_seed_and_epoch() -> None:

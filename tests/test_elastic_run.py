@@ -1,4 +1,4 @@
-"""ea.run never takes a failed step for the end of training (elastic_allreduce.elastic_run).
+"""ea.run never takes a failed step for the end of training (elastic_allreduce.training.loop).
 
 Horovod's hvd.elastic.run drops a TensorFlow UnknownError that does not name one of its op
 types and returns None; a collective with a name of the script's fails with such a message, so
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from elastic_allreduce.elastic_run import is_collective_failure
+from elastic_allreduce.training.loop import is_collective_failure
 from tests.conftest import ROOT, script_result
 
 SCRIPT = ROOT / "tests" / "scripts" / "run_errors.py"

@@ -1,5 +1,6 @@
 """A training process's GPU: the agent's index, chosen inside TensorFlow with every GPU of the
-node left visible (elastic_allreduce.gpu; issue #20, item 3). No GPU here: the pure index logic,
+node left visible (elastic_allreduce.bootstrap.gpu; issue #20, item 3). No GPU here: the pure index
+logic,
 TensorFlow's calls against a stand-in of tf.config, and a real no-op on this GPU-less machine."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 import tensorflow as tf
 
-from elastic_allreduce import env, gpu
+from elastic_allreduce import env
+from elastic_allreduce.bootstrap import gpu
 from elastic_allreduce.errors import ConfigError
 
 DEVICE = tf.config.PhysicalDevice

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from elastic_allreduce import env, plain
+from elastic_allreduce import env
+from elastic_allreduce.agreement import plain
 from tests.conftest import ROOT, script_result
 
 pytestmark = pytest.mark.timeout(180)

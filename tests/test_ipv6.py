@@ -1,4 +1,4 @@
-"""A launcher on an IPv6 address (elastic_allreduce/ipv6.py, launcher/rendezvous.py): the
+"""A launcher on an IPv6 address (elastic_allreduce/bootstrap/ipv6.py, launcher/rendezvous.py): the
 notification service on both families and the launcher's notifications to it, the relay's
 connections kept apart from Gloo's (the relay itself: tests/test_relay.py). Real sockets on
 loopback."""
@@ -12,8 +12,8 @@ from horovod.runner.common.util import secret
 from horovod.runner.elastic import worker
 from horovod.runner.elastic.worker import HostUpdateResult
 
-from elastic_allreduce import ipv6
-from elastic_allreduce.bootstrap import TcpSocket, gloo_connections
+from elastic_allreduce.bootstrap import ipv6
+from elastic_allreduce.bootstrap.sockets import TcpSocket, gloo_connections
 from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.rendezvous import protocol
 from launcher import rendezvous as launcher_rendezvous

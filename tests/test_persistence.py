@@ -22,11 +22,12 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from elastic_allreduce import checkpoint_files, progress
-from elastic_allreduce.checkpoint import CheckpointDir
+from elastic_allreduce import progress
+from elastic_allreduce.commits import folder as checkpoint_files
+from elastic_allreduce.commits.checkpoint import CheckpointDir
+from elastic_allreduce.commits.persistence import AgentLink, PersistReply, PersistRequest
+from elastic_allreduce.commits.snapshots import CheckpointPersister
 from elastic_allreduce.errors import ProtocolError
-from elastic_allreduce.persistence import AgentLink, PersistReply, PersistRequest
-from elastic_allreduce.state_snapshots import CheckpointPersister
 from launcher.persister import STOPPING, SnapshotPersister
 
 JOB = "job-a"

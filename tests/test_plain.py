@@ -1,4 +1,5 @@
-"""Plain data between ranks (elastic_allreduce.plain): the extra attributes' JSON wire form, the
+"""Plain data between ranks (elastic_allreduce.agreement.plain): the extra attributes' JSON wire
+form, the
 refusal of anything that is not plain data, malformed and pickled payloads, and the commit-time
 host-update vote that replaces Horovod's pickled broadcast. Pure: no Horovod."""
 
@@ -13,14 +14,14 @@ import numpy as np
 import pytest
 from horovod.runner.elastic.worker import HostUpdateResult
 
-from elastic_allreduce import plain
+from elastic_allreduce.agreement import plain
+from elastic_allreduce.agreement.plain import HostUpdateVote, decide
 from elastic_allreduce.errors import (
     ConfigError,
     ProtocolError,
     StateMismatchError,
     StateValueError,
 )
-from elastic_allreduce.plain import HostUpdateVote, decide
 from tests.helpers.pickles import Exploit
 
 #: What the examples, the tests' scripts and the model zoo keep in a State.

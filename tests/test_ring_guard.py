@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastic_allreduce.bootstrap import (
+from elastic_allreduce.bootstrap.ring_guard import RingGuard
+from elastic_allreduce.bootstrap.sockets import (
     GlooSockets,
-    RingGuard,
     own_sockets,
     shutdown_sockets,
     tcp_sockets,

@@ -12,8 +12,9 @@ import pytest
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError
 
-from elastic_allreduce import bootstrap, env
-from elastic_allreduce.bootstrap import script_error, write_script_error
+from elastic_allreduce import env
+from elastic_allreduce.bootstrap import process
+from elastic_allreduce.bootstrap.process import script_error, write_script_error
 from elastic_allreduce.records.values import (
     MAX_ERROR_LINES,
     NOT_ADMITTED_EXIT_CODE,
@@ -38,7 +39,7 @@ def raised(exc: BaseException) -> BaseException:
 def test_an_exception_is_its_type_message_and_last_traceback_lines(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bootstrap, "progress_ticks", lambda: 0)
+    monkeypatch.setattr(process, "progress_ticks", lambda: 0)
     error = script_error(raised(ValueError("bad batch at step 3")))
     assert error is not None
     assert (error.kind, error.message) == ("ValueError", "bad batch at step 3")
@@ -46,7 +47,7 @@ def test_an_exception_is_its_type_message_and_last_traceback_lines(
     assert any("in raised" in line for line in error.lines)
     assert not any(set(line.strip()) <= {"^", "~"} for line in error.lines)
     assert (error.epoch, error.trained) == (0, False)  # outside a ring, no step counted
-    monkeypatch.setattr(bootstrap, "progress_ticks", lambda: 3)
+    monkeypatch.setattr(process, "progress_ticks", lambda: 3)
     trained = script_error(raised(ValueError("bad batch at step 3")))
     assert trained is not None and trained.trained
 

@@ -1,4 +1,4 @@
-"""Snapshots in shared memory (elastic_allreduce.shm_snapshot): the agent's folders, the
+"""Snapshots in shared memory (elastic_allreduce.commits.shm): the agent's folders, the
 free-space checks (a fake statvfs: no tmpfs mount needed), and ea.State on real TensorFlow and
 Horovod in one subprocess."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_allreduce import shm_snapshot
+from elastic_allreduce.commits import shm as shm_snapshot
 from tests.conftest import ROOT
 
 

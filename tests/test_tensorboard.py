@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from elastic_allreduce import env, progress
-from elastic_allreduce import tensorboard as worker_tb
 from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.values import EpochCause, JobConfig, JobSettings
+from elastic_allreduce.training import tensorboard as worker_tb
 from launcher.observe import tensorboard as launcher_tb
 from launcher.policy import ChangeKind, MembershipChange
 from tests.conftest import ROOT

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastic_allreduce import warm
 from elastic_allreduce.records.values import JobSettings
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
 from elastic_allreduce.rendezvous.protocol import Admission, WaitKind
+from elastic_allreduce.training import warm
 from launcher import job_options
 from launcher.rendezvous import ReadinessBoard, RendezvousService
 

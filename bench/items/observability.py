@@ -3,7 +3,8 @@
 Two features are on in a job that is watched: the launcher's ``--metrics-port`` (the dashboard,
 Prometheus ``/metrics`` and the JSON API, served from a thread of the launcher, which keeps its
 metrics up to date whether or not they are served) and ``--tensorboard-dir`` (rank 0's
-summaries, :mod:`elastic_allreduce.tensorboard`: a step listener that buffers a few scalars per
+summaries, :mod:`elastic_allreduce.training.tensorboard`: a step listener that buffers a few
+scalars per
 step and writes them every ``FLUSH_SECONDS``; the launcher's own summaries are written only
 when a ring re-forms, never in a steady job). This item runs item 1's workload
 (bench/scripts/hvd_steps.py, ~1 M parameters, ``elastic-run --workers 2``) with

@@ -7,7 +7,7 @@ prints {"event": "step", "step": S, "size": N, "rank": R} on rank-local stdout; 
 With --report-steps, also counts every step with elastic_allreduce.progress.report_step(step)
 (what ElasticData and the Keras feed do), as a script would for elastic-run's hang watchdog.
 With --summaries (implies --report-steps), also what ea.State does for TensorBoard: attaches
-rank 0's summaries (elastic_allreduce.tensorboard; they write only when the job has a
+rank 0's summaries (elastic_allreduce.training.tensorboard; they write only when the job has a
 --tensorboard-dir), marks the ring at the start and after every reset, and passes each step's
 global batch and loss (a scalar tensor, as a custom loop would) to report_step.
 With --warm-up, gives its step to elastic_allreduce.warm_up (a warm joiner under
@@ -61,7 +61,7 @@ if args.report_steps:
     # Only the progress module: it does not import TensorFlow (or the rest of the library).
     from elastic_allreduce.progress import report_step
 if args.summaries:
-    from elastic_allreduce import tensorboard
+    from elastic_allreduce.training import tensorboard
 
 
 def emit(event, **fields):
@@ -74,12 +74,12 @@ emit("init")
 optimizer = tf.keras.optimizers.SGD(0.001)
 model, features = dense_model(args.params, args.batch, hvd.rank(), optimizer)
 if args.ea_tape:
-    from elastic_allreduce.worker import DistributedGradientTape as tape_class
+    from elastic_allreduce.training.api import DistributedGradientTape as tape_class
 else:
     tape_class = hvd.DistributedGradientTape
 train_step = train_step_fn(model, optimizer, features, tape_class, return_loss=args.summaries)
 if args.warm_up:
-    from elastic_allreduce.warm import warm_up
+    from elastic_allreduce.training.warm import warm_up
 
     warm_up(train_step)
 # None without --summaries, or when the job has no --tensorboard-dir.

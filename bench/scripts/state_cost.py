@@ -41,8 +41,9 @@ import tensorflow as tf
 from dense_workload import dense_model, train_step_fn
 
 import elastic_allreduce as ea
-from elastic_allreduce import env, state_snapshots
-from elastic_allreduce.checkpoint import CheckpointDir
+from elastic_allreduce import env
+from elastic_allreduce.commits import snapshots as state_snapshots
+from elastic_allreduce.commits.checkpoint import CheckpointDir
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--params", default="1000000", help="model sizes, comma-separated")

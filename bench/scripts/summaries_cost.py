@@ -29,7 +29,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from elastic_allreduce import tensorboard
+from elastic_allreduce.training import tensorboard
 
 
 def _event_bytes(directory: Path) -> int:

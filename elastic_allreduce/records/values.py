@@ -255,7 +255,7 @@ class JobSettings:
     straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
     #: A process that starts once the job has trained builds its model and runs the script's
     #: code before its elastic run at a ring of one, and asks to join only then (the default;
-    #: ``--no-warm-join`` turns it off; elastic_allreduce/warm.py).
+    #: ``--no-warm-join`` turns it off; elastic_allreduce/training/warm.py).
     warm_join: bool = True
 
     def to_json(self) -> dict[str, JsonValue]:

@@ -5,7 +5,8 @@ A *slot* is one training process of one node: ``"<node-id>.<index>"`` (ids built
 (``HOROVOD_HOSTNAME`` = the slot id, local rank 0, local size 1), so a slot can fail, leave or
 join alone without disturbing its node's other processes. On GPU nodes every slot sees all of
 the node's GPUs (for NCCL's peer-to-peer transports) and computes on its own, which the agent
-names by index and :mod:`elastic_allreduce.gpu` selects in TensorFlow; Horovod's local rank
+names by index and :mod:`elastic_allreduce.bootstrap.gpu` selects in TensorFlow; Horovod's local
+rank
 (always 0) picks nothing. The stored ring epoch is :class:`elastic_allreduce.records.values.Ring`.
 """
 

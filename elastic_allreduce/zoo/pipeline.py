@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 
-from elastic_allreduce.data import Source, TFRecordSource
 from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.training.data import Source, TFRecordSource
 from elastic_allreduce.zoo.contract import ModelDef, UserFunction, check_mode
 
 #: The name under which the loss is reported next to the definition's metrics.

@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 
-from elastic_allreduce.data import TFRecordSource
 from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.training.data import TFRecordSource
 from elastic_allreduce.zoo.export import KERAS_FILE, MODEL_DEF_FILE, SAVED_MODEL, read_summary
 from elastic_allreduce.zoo.loader import expand_paths, import_model_def
 from elastic_allreduce.zoo.pipeline import LOSS, RecordParser, call, parse_checked, read_records

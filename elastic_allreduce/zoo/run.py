@@ -40,8 +40,8 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_allreduce import progress, runtime
-from elastic_allreduce.data import TFRecordSource
 from elastic_allreduce.errors import ConfigError
+from elastic_allreduce.training.data import TFRecordSource
 from elastic_allreduce.zoo.contract import ModelDef
 from elastic_allreduce.zoo.loader import check_output_dir, expand_paths, import_model_def
 from elastic_allreduce.zoo.options import TrainOptions, add_train_flags, from_args

@@ -1,7 +1,8 @@
 """The launcher's TensorBoard summaries: how long each re-formed ring took, by cause.
 
 With ``--tensorboard-dir DIR`` (where rank 0 of the ring writes ``DIR/train``:
-:mod:`elastic_allreduce.tensorboard`), the launcher writes under ``DIR/launcher``, for every
+:mod:`elastic_allreduce.training.tensorboard`), the launcher writes under ``DIR/launcher``, for
+every
 ring epoch formed after the first, at step = the ring epoch: the scalar ``recovery/failure`` or
 ``recovery/resize`` (seconds from deciding the epoch to every member released, as in the
 ``elastic_reform_seconds`` histogram), the scalar ``ring/size`` and the text ``ring/reformed``

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from elastic_allreduce import logprefix, shm_snapshot
+from elastic_allreduce import logprefix
+from elastic_allreduce.commits import shm as shm_snapshot
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import MemberRecord, ProcRecord
 from elastic_allreduce.store import EtcdStore

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_allreduce.checkpoint import ARRAYS, CheckpointDir
+from elastic_allreduce.commits.checkpoint import ARRAYS, CheckpointDir
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import EA_SCRIPT, Job, start_job

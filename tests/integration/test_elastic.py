@@ -316,7 +316,7 @@ def test_unknown_job_gives_one_clear_error(etcd_server: EmbeddedEtcd, command: s
     assert "unknown job 'no-such-job'" in result.stderr
 
 
-#: Snapshots in shared memory off (elastic_allreduce.shm_snapshot): for the tests of what
+#: Snapshots in shared memory off (elastic_allreduce.commits.shm): for the tests of what
 #: happens when every process dies and only the disk, or nothing, holds the state.
 NO_SNAPSHOTS = {"ELASTIC_ALLREDUCE_SNAPSHOT_ROOT": "off"}
 
@@ -615,7 +615,7 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
         (size, round(0.05 * size, 6)) for size in sizes
     }
     verdict = run_cli_module(
-        "elastic_allreduce.audit", str(audit), "--samples", "900", "--epochs", "2"
+        "elastic_allreduce.training.audit", str(audit), "--samples", "900", "--epochs", "2"
     )
     assert verdict.returncode == 0, verdict.stdout
     assert verdict.stdout.count("0 missing, 0 duplicated: ok") == 2

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from elastic_allreduce.audit import applied_steps
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
 from elastic_allreduce.records.values import RingState
 from elastic_allreduce.store import EmbeddedEtcd
+from elastic_allreduce.training.audit import applied_steps
 from tests.integration.harness import (
     DATA_SCRIPT,
     Job,
@@ -236,7 +236,12 @@ def test_every_sample_is_applied_exactly_once_through_a_schedule_of_changes(
     lost = [line for line in job.lines if "state lost:" in line]
     assert not lost, lost
     verdict = run_cli_module(
-        "elastic_allreduce.audit", str(audit), "--samples", str(SAMPLES), "--epochs", str(EPOCHS)
+        "elastic_allreduce.training.audit",
+        str(audit),
+        "--samples",
+        str(SAMPLES),
+        "--epochs",
+        str(EPOCHS),
     )
     assert verdict.returncode == 0, verdict.stdout
     assert verdict.stdout.count("0 missing, 0 duplicated: ok") == EPOCHS, verdict.stdout

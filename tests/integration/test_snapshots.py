@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_allreduce import shm_snapshot
-from elastic_allreduce.checkpoint import CheckpointDir
+from elastic_allreduce.commits import shm as shm_snapshot
+from elastic_allreduce.commits.checkpoint import CheckpointDir
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.integration.harness import (

@@ -115,7 +115,7 @@ def test_digits_train_through_a_kill_and_a_join_exactly_once_and_the_export_relo
     assert any(f"slot {victim} crashed: killed by SIGKILL" in line for line in job.lines)
 
     verdict = run_cli_module(
-        "elastic_allreduce.audit",
+        "elastic_allreduce.training.audit",
         str(audit),
         *("--samples", str(DIGITS_TRAIN), "--epochs", str(DIGITS_EPOCHS)),
     )

@@ -34,8 +34,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from elastic_allreduce import audit, env
+from elastic_allreduce import env
 from elastic_allreduce.store import EmbeddedEtcd
+from elastic_allreduce.training import audit
 from elastic_allreduce.zoo import options as train_flags
 from launcher.cli import main
 from launcher.k8s import naming

@@ -7,7 +7,7 @@ or TFRecord shards this process writes to a private temporary directory); --kera
 whichever comes first; prints a JSON "commit" line per commit and, at the end,
 {"event": "done", "loss": L, "weights": [...]} with L the mean squared error over the whole
 dataset computed in float64 from the final weights. With ELASTIC_ALLREDUCE_SAMPLE_LOG set, every
-rank writes the sample audit log that `python -m elastic_allreduce.audit` checks. With
+rank writes the sample audit log that `python -m elastic_allreduce.training.audit` checks. With
 ``--hold-file F`` the custom loop waits at its commits while F exists, taking membership changes
 meanwhile (tests/scripts/hold_file.py): a test lets a joiner in before the data runs out.
 """

@@ -21,7 +21,9 @@ import tiny_model
 from horovod.tensorflow.elastic import TensorFlowKerasState
 
 import elastic_allreduce as ea
-from elastic_allreduce import checkpoint, hooks, shm_snapshot
+from elastic_allreduce.bootstrap import hooks
+from elastic_allreduce.commits import checkpoint
+from elastic_allreduce.commits import shm as shm_snapshot
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
 snapshots = Path(sys.argv[1])

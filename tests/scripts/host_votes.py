@@ -13,7 +13,7 @@ from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.runner.elastic.worker import HostUpdateResult
 
 import elastic_allreduce as ea
-from elastic_allreduce import hooks
+from elastic_allreduce.bootstrap import hooks
 from elastic_allreduce.errors import StateValueError
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 

@@ -14,7 +14,7 @@ import horovod.tensorflow.keras as hvd_keras
 from horovod.tensorflow import mpi_ops
 
 import elastic_allreduce as ea
-from elastic_allreduce import hooks
+from elastic_allreduce.bootstrap import hooks
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
 
 # What the agent gives slot 2 of a node of 4.

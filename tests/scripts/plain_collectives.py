@@ -25,7 +25,9 @@ from horovod.runner.elastic.worker import HostUpdateResult
 from horovod.tensorflow.elastic import TensorFlowKerasState
 
 import elastic_allreduce as ea
-from elastic_allreduce import env, hooks, plain, sync
+from elastic_allreduce import env
+from elastic_allreduce.agreement import plain, sync
+from elastic_allreduce.bootstrap import hooks
 from elastic_allreduce.errors import ProtocolError, StateValueError
 
 # What each commit's vote decides: here every commit votes (batching: tests/test_host_votes.py).

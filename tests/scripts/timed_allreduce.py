@@ -1,7 +1,7 @@
 """Which gradient allreduces the collective clock times (one process, real Horovod at size 1).
 
 Prints one JSON line: for ea's tape and optimizer, and -- with the bootstrap's hooks installed --
-Horovod's own, whether a training step moved the clock (elastic_allreduce.collective_clock:
+Horovod's own, whether a training step moved the clock (elastic_allreduce.training.collective_clock:
 the [ready, done] timestamps of the last gradient allreduce), and whether timing twice wraps once.
 """
 
@@ -13,8 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 import elastic_allreduce as ea
-from elastic_allreduce import collective_clock, hooks
+from elastic_allreduce.bootstrap import hooks
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
+from elastic_allreduce.training import collective_clock
 
 ea.init()
 x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")

@@ -20,8 +20,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from elastic_allreduce import collective_clock, hooks
+from elastic_allreduce.bootstrap import hooks
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
+from elastic_allreduce.training import collective_clock
 
 
 def data(rows):

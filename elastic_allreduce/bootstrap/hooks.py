@@ -3,11 +3,12 @@
 :func:`install` patches, in the training process before the user's script runs:
 
 0. ``hvd.elastic.run`` (``horovod.tensorflow.elastic`` and ``horovod.tensorflow.keras.elastic``)
-   becomes :func:`elastic_allreduce.elastic_run.run`: Horovod's drops a failed collective whose
+   becomes :func:`elastic_allreduce.training.loop.run`: Horovod's drops a failed collective whose
    op has a name of the script's, and the training function returns as if it had finished.
 
 1. ``horovod.tensorflow.elastic.TensorFlowKerasState.sync`` (and so ``KerasState``'s): the ranks
-   first agree on the state's shape (:func:`elastic_allreduce.sync.agree`). A restarted process
+   first agree on the state's shape (:func:`elastic_allreduce.agreement.sync.agree`). A restarted
+   process
    whose Keras optimizer has not created its variables yet gets them created -- so a script
    without Horovod's warm-up step recovers instead of deadlocking -- and any other mismatch
    raises StateMismatchError on every rank. ``elastic_allreduce.State`` does the same in its
@@ -15,17 +16,19 @@
    hang) and each ``commit`` counts as progress for the launcher's hang watchdog.
 
    Nothing is pickled between ranks, as in ``elastic_allreduce.State``: the sync sends the extra
-   attributes as JSON bytes (:func:`elastic_allreduce.sync.broadcast_attributes`, from rank 0
+   attributes as JSON bytes (:func:`elastic_allreduce.agreement.sync.broadcast_attributes`, from
+   rank 0
    as Horovod does) instead of ``broadcast_object``, and ``commit`` / ``check_host_updates``
    agree on host updates with one Max allreduce of integers
-   (:func:`elastic_allreduce.sync.check_host_updates`) instead of a pickled broadcast -- at a
+   (:func:`elastic_allreduce.agreement.sync.check_host_updates`) instead of a pickled broadcast --
+   at a
    commit only about every 0.5 s (the votes are batched; a membership change waits that much
    longer, a failure does not). So the
    script's state attributes must be plain data (JSON values; NumPy scalars are converted):
    anything else raises StateValueError on every rank at the first sync or commit.
 
    Snapshots in shared memory, as ``elastic_allreduce.State`` takes them
-   (:mod:`elastic_allreduce.state_snapshots`): the state counts its commits, and each ``commit``
+   (:mod:`elastic_allreduce.commits.snapshots`): the state counts its commits, and each ``commit``
    also hands the committed variables and attributes to a thread that writes them to the
    slot's folder (``ELASTIC_ALLREDUCE_SNAPSHOT_DIR``, from the agent). At its first ``sync`` a
    process loads its slot's snapshot when there is one (a process restarted on its node, a
@@ -37,7 +40,7 @@
 
    With ``--checkpoint-dir``, rank 0's every CHECKPOINT_EVERY-th commit is also a checkpoint
    in the job's folder, as ``elastic_allreduce.State`` writes them: the agent copies the
-   commit's snapshot there (:mod:`elastic_allreduce.persistence`), or, without snapshots, a
+   commit's snapshot there (:mod:`elastic_allreduce.commits.persistence`), or, without snapshots, a
    thread of the process writes it; the first sync also considers the newest checkpoint. On
    SIGTERM rank 0 writes its last commit there when it is newer than the newest checkpoint
    (after a copy under way), as ``elastic_allreduce.State`` does.
@@ -53,10 +56,12 @@
 3. ``horovod.common.basics.HorovodBasics.init`` (so every binding of ``hvd.init``:
    ``horovod.tensorflow``, its Keras API and the elastic reset all call it through the class):
    the sockets this process holds before and after it tell the bootstrap's ring guard which
-   connections are Gloo's (:class:`elastic_allreduce.bootstrap.GlooSockets`), so that after a
+   connections are Gloo's (:class:`elastic_allreduce.bootstrap.process.GlooSockets`), so that after
+   a
    failed epoch it shuts down only those.
 
-4. First of all, TensorFlow is limited to the slot's GPU (:func:`elastic_allreduce.gpu.select`,
+4. First of all, TensorFlow is limited to the slot's GPU
+(:func:`elastic_allreduce.bootstrap.gpu.select`,
    from the agent's ``ELASTIC_ALLREDUCE_GPU_INDEX``), while every GPU of the node stays visible
    to the process for NCCL's peer-to-peer and shared-memory transports. It must happen before
    TensorFlow runs anything: :func:`install` runs before the script, and the bootstrap runs no
@@ -64,20 +69,22 @@
 
 5. Horovod's ``DistributedGradientTape`` and ``DistributedOptimizer`` (``horovod.tensorflow``
    and its Keras API) time their allreduce for the launcher's straggler watch, as
-   ``ea.DistributedGradientTape`` does (:mod:`elastic_allreduce.collective_clock`): plain
+   ``ea.DistributedGradientTape`` does (:mod:`elastic_allreduce.training.collective_clock`): plain
    Horovod custom loops and Keras ``fit`` report their wait too.
 
 6. ``hvd.local_rank()`` and ``hvd.local_size()`` (``horovod.tensorflow``, its ``mpi_ops``, its
    Keras API, and ``horovod.keras``, which takes them from ``horovod.tensorflow``) keep
    Horovod's meaning for the script: the slot's index on its node -- its GPU's index, so
-   ``gpus[hvd.local_rank()]`` is the process's own GPU, as :func:`elastic_allreduce.gpu.select`
+   ``gpus[hvd.local_rank()]`` is the process's own GPU, as
+   :func:`elastic_allreduce.bootstrap.gpu.select`
    chose -- and the node's number of slots (:func:`elastic_allreduce.runtime.local_rank`).
    Horovod's C++ side keeps 0 of 1 (every slot is a host of its own); its ops
    ``local_rank_op()`` / ``local_size_op()`` still say so. Before ``hvd.init()`` they raise as
    Horovod's do.
 
 7. A Keras ``ModelCheckpoint`` made while the process warms up at a ring of one
-   (:mod:`elastic_allreduce.warm`) saves only while the process is rank 0 of the ring. Horovod's
+   (:mod:`elastic_allreduce.training.warm`) saves only while the process is rank 0 of the ring.
+   Horovod's
    scripts make it on rank 0 only, before their elastic run ("to prevent other workers from
    corrupting" the files): a warm joiner is rank 0 of its ring of one there, and would
    otherwise write the same files as the ring's rank 0 once it joined (HDF5 refuses a file that
@@ -95,7 +102,7 @@ import logging
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.elastic as hvd_elastic
@@ -106,26 +113,19 @@ import tensorflow as tf
 from horovod.common.basics import HorovodBasics
 from horovod.tensorflow.functions import broadcast_variables
 
-from elastic_allreduce import (
-    collective_clock,
-    elastic_run,
-    gpu,
-    progress,
-    runtime,
-    state_snapshots,
-    sync,
-    warm,
-)
-from elastic_allreduce.checkpoint import CheckpointDir
+from elastic_allreduce import progress, runtime
+from elastic_allreduce.agreement import sync
+from elastic_allreduce.bootstrap import gpu
+from elastic_allreduce.bootstrap.sockets import GlooSockets
+from elastic_allreduce.commits import snapshots as state_snapshots
+from elastic_allreduce.commits.checkpoint import CheckpointDir
+from elastic_allreduce.commits.persistence import AgentLink
 from elastic_allreduce.errors import ElasticAllreduceError
-from elastic_allreduce.persistence import AgentLink
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
 from elastic_allreduce.records.values import NOT_ADMITTED_EXIT_CODE, MemberRecord, Ring
 from elastic_allreduce.store import EventType, Store
-
-if TYPE_CHECKING:
-    from elastic_allreduce.bootstrap import GlooSockets
+from elastic_allreduce.training import collective_clock, loop, warm
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     """Patch Horovod's TensorFlowKerasState.sync, elastic reset and init (idempotent). ``store``
     is the process's connection to the job's store (the bootstrap's), read at resets; ``gloo``
     learns Gloo's connections at every ``hvd.init()``. First limits TensorFlow to the slot's
-    GPU (:func:`elastic_allreduce.gpu.select`; nothing without a GPU)."""
+    GPU (:func:`elastic_allreduce.bootstrap.gpu.select`; nothing without a GPU)."""
     gpu.select()
     if gloo is not None:
         _record_gloo_sockets(gloo)
@@ -170,15 +170,15 @@ def install(store: Store, gloo: GlooSockets | None = None) -> None:
     state_class.commit = _commit
     state_class.check_host_updates = _check_host_updates
     state_class.wait_for_snapshot = _wait_for_snapshot
-    hvd_elastic.run = elastic_run.run
-    hvd_keras_elastic.run = elastic_run.run
+    hvd_elastic.run = loop.run
+    hvd_keras_elastic.run = loop.run
     hvd_elastic._reset = QuietReset(store)
 
 
 def _time_gradient_allreduces() -> None:
     """Horovod's ``DistributedGradientTape`` and ``DistributedOptimizer`` (its TensorFlow and
     Keras bindings) give objects whose allreduce is timed for the straggler watch
-    (:func:`elastic_allreduce.collective_clock.timed`), as ``ea``'s do."""
+    (:func:`elastic_allreduce.training.collective_clock.timed`), as ``ea``'s do."""
     for module, name in (
         (hvd, "DistributedGradientTape"),
         (hvd, "DistributedOptimizer"),

@@ -1,4 +1,4 @@
-"""The sample audit log and its checker: ``python -m elastic_allreduce.audit DIR``.
+"""The sample audit log and its checker: ``python -m elastic_allreduce.training.audit DIR``.
 
 With ``ELASTIC_ALLREDUCE_SAMPLE_LOG=DIR`` every rank appends one JSON line per training step to
 ``DIR/<slot>.jsonl``, written and flushed before the step runs::
@@ -137,7 +137,7 @@ def check(directory: str | Path, num_samples: dict[int, int] | int) -> list[Epoc
 def main(argv: Sequence[str] | None = None) -> int:
     """Check an audit directory; print one verdict line per data epoch."""
     parser = argparse.ArgumentParser(
-        prog="python -m elastic_allreduce.audit",
+        prog="python -m elastic_allreduce.training.audit",
         description="Check that every sample was applied exactly once per data epoch.",
     )
     parser.add_argument("directory", help="the ELASTIC_ALLREDUCE_SAMPLE_LOG directory")

@@ -9,7 +9,7 @@ within an epoch every sample contributes to exactly one applied step, whatever t
 
 The sources at the end give random access to samples by id: in-memory arrays, any indexable
 record collection, and TFRecord shards. This module is pure (no TensorFlow);
-:class:`elastic_allreduce.worker.ElasticData` feeds it to ``tf.data``.
+:class:`elastic_allreduce.training.api.ElasticData` feeds it to ``tf.data``.
 """
 
 from __future__ import annotations

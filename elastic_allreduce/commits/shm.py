@@ -5,8 +5,9 @@ Under ``elastic-run`` the agent gives every slot a folder of its own in shared m
 ``ELASTIC_ALLREDUCE_SNAPSHOT_ROOT``; mode 0700, this user's: /dev/shm is shared by every user,
 so a root someone else owns or a symlink is refused), and passes its path to the process in
 ``ELASTIC_ALLREDUCE_SNAPSHOT_DIR``. ``elastic_allreduce.State``, and Horovod's own
-``TensorFlowKerasState`` under elastic-run (:mod:`elastic_allreduce.hooks`), write each commit
-there (the checkpoint layout, keeping one; :mod:`elastic_allreduce.state_snapshots`) and a new
+``TensorFlowKerasState`` under elastic-run (:mod:`elastic_allreduce.bootstrap.hooks`), write each
+commit
+there (the checkpoint layout, keeping one; :mod:`elastic_allreduce.commits.snapshots`) and a new
 process loads it: a process restarted on the same node, or a whole ring that died while its
 agents lived, resumes from its last commit in memory. The
 folder outlives the process, not the agent: the agent removes its slots' folders when it exits

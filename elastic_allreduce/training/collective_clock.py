@@ -13,7 +13,7 @@ dependency on each), one after the reduced ones, both written into one float64 v
 this process. They run inside the compiled step (no Python per step, no extra host sync); the
 progress beacon reads the variable about once a second. ``ea.DistributedGradientTape`` and
 ``ea.DistributedOptimizer`` are timed, and under ``elastic-run`` so are Horovod's own
-(:mod:`elastic_allreduce.hooks`), for custom loops and Keras ``fit`` alike. Not measured:
+(:mod:`elastic_allreduce.bootstrap.hooks`), for custom loops and Keras ``fit`` alike. Not measured:
 scripts that call Horovod's allreduce themselves, and an optimizer with
 ``backward_passes_per_step`` above 1 (Horovod binds its allreduce before it can be wrapped);
 their reports carry no wait and the watch skips the ring.

@@ -22,7 +22,7 @@ What code before the elastic run sees, for ``ea.State`` and plain Horovod script
 of size 1. Collectives there are local (a sum is this process's own value), and work that the
 script gives to rank 0 (writing files, printing) runs in every warm joiner (a Keras
 ``ModelCheckpoint`` made there saves only while the process is rank 0 of the ring:
-:mod:`elastic_allreduce.hooks`). Values that depend on the rank or size belong in reset
+:mod:`elastic_allreduce.bootstrap.hooks`). Values that depend on the rank or size belong in reset
 callbacks (``state.register_reset_callbacks``, ``ea.State(on_resize=...)``), as for any elastic
 Horovod script, whose ranks change at every reset. Before the job's first epoch ran, every
 process starts with the first ring: nobody holds a state to sync yet.
@@ -39,7 +39,7 @@ from typing import Any, Final
 from elastic_allreduce import env, runtime
 from elastic_allreduce.errors import ConfigError
 
-log = logging.getLogger("elastic_allreduce.warm")
+log = logging.getLogger("elastic_allreduce.training.warm")
 
 #: Horovod's variables for a ring of one process.
 SOLO_RANKS: Final = ("0", "1", "0", "1", "0", "1")

@@ -42,8 +42,8 @@ import numpy as np
 import numpy.typing as npt
 
 from elastic_allreduce import progress
-from elastic_allreduce.agreement import VariableSpec
-from elastic_allreduce.checkpoint_files import (
+from elastic_allreduce.agreement.shape import VariableSpec
+from elastic_allreduce.commits.folder import (
     ARRAYS,
     DEFAULT_JOB,
     LATEST,

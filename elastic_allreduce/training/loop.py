@@ -11,8 +11,9 @@ op by that name, so a peer's crash during it ends training early and silently: t
 :func:`run` classifies the error instead: a TensorFlow error whose message comes from Horovod or
 its transports (Gloo, NCCL) is a failed collective and becomes ``HorovodInternalError``; any
 other error propagates unchanged -- never dropped. A warm joiner (``--warm-join``) joins the
-ring when it enters :func:`run` (:mod:`elastic_allreduce.warm`). The bootstrap installs it as
-``hvd.elastic.run`` too (:mod:`elastic_allreduce.hooks`), for plain Horovod scripts.
+ring when it enters :func:`run` (:mod:`elastic_allreduce.training.warm`). The bootstrap installs it
+as
+``hvd.elastic.run`` too (:mod:`elastic_allreduce.bootstrap.hooks`), for plain Horovod scripts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tensorflow as tf
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from elastic_allreduce import warm
+from elastic_allreduce.training import warm
 
 _T = TypeVar("_T")
 

@@ -8,7 +8,8 @@ optimizer has created none yet, already waits in the broadcast of the extra attr
 So before a sync every rank describes its state -- names, shapes and dtypes of the model's and
 the optimizer's variables, whether the optimizer has created its variables, the keys of the
 extra attributes and the commit it holds -- and the ranks exchange these descriptions in one
-allgather (:mod:`elastic_allreduce.sync` does the I/O). Every rank then reaches the same verdict
+allgather (:mod:`elastic_allreduce.agreement.sync` does the I/O). Every rank then reaches the same
+verdict
 from the same data: which rank is the sync root, which ranks must first create their
 optimizer's variables, and the first difference that makes the sync impossible (one message,
 raised on every rank at once).

@@ -1,9 +1,9 @@
 """A job's checkpoint folder as files: the layout, durable writes, the last K kept, copies in.
 
-:mod:`elastic_allreduce.checkpoint` builds on this to write and read a state's arrays; the
+:mod:`elastic_allreduce.commits.checkpoint` builds on this to write and read a state's arrays; the
 agent uses it alone to persist a slot's snapshot into the checkpoint folder
 (:meth:`CheckpointFolder.copy_in`), so this module needs no NumPy. The layout and the write
-protocol are described in :mod:`elastic_allreduce.checkpoint`.
+protocol are described in :mod:`elastic_allreduce.commits.checkpoint`.
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@ Both keep their last commit the same way (``ea.State`` is a ``TensorFlowKerasSta
 of the model's and the optimizer's variables (``_saved_model_state``,
 ``_saved_optimizer_state``) and the attributes (``_saved_state``, plain data once committed).
 So one :class:`SlotSnapshots` writes a commit of either to the folder the agent gave the slot
-(:mod:`elastic_allreduce.shm_snapshot`), in the checkpoint layout
-(:mod:`elastic_allreduce.checkpoint`: the same job and fingerprint checks, one kept), on a
+(:mod:`elastic_allreduce.commits.shm`), in the checkpoint layout
+(:mod:`elastic_allreduce.commits.checkpoint`: the same job and fingerprint checks, one kept), on a
 thread of its own (:class:`SnapshotWriter`), and :func:`load_newest` gives a new process the
 newest usable commit of its snapshot (and, for ``ea.State``, of its checkpoints). The ring's
 sync then takes the newest commit of any rank (``sync.agree`` with commit ids), so a ring
 that died while its agents lived resumes from its last commit in memory.
 
-This module sits apart from :mod:`elastic_allreduce.shm_snapshot` (the agent imports that one
-and must not import NumPy) and :mod:`elastic_allreduce.checkpoint` (no TensorFlow there).
+This module sits apart from :mod:`elastic_allreduce.commits.shm` (the agent imports that one
+and must not import NumPy) and :mod:`elastic_allreduce.commits.checkpoint` (no TensorFlow there).
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ from typing import Any, Final, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from elastic_allreduce import env, progress, shm_snapshot, sync
-from elastic_allreduce.checkpoint import CheckpointDir, Loaded, fingerprint
+from elastic_allreduce import env, progress
+from elastic_allreduce.agreement import sync
+from elastic_allreduce.commits import shm
+from elastic_allreduce.commits.checkpoint import CheckpointDir, Loaded, fingerprint
+from elastic_allreduce.commits.persistence import AgentLink
 from elastic_allreduce.errors import ConfigError, ProtocolError
-from elastic_allreduce.persistence import AgentLink
 from elastic_allreduce.records.values import DEFAULT_KEEP_CHECKPOINTS
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ def slot_folder() -> CheckpointDir | None:
     if not folder:
         return None
     return CheckpointDir.at(
-        folder, os.environ.get(env.JOB_ID), 1, kind="snapshot", full_hint=shm_snapshot.RAISE_HINT
+        folder, os.environ.get(env.JOB_ID), 1, kind="snapshot", full_hint=shm.RAISE_HINT
     )
 
 
@@ -328,10 +330,10 @@ class SnapshotWriter(_NewestFirst[tuple[_Commit, "CheckpointPersister | None"]])
         """Write one snapshot; whether it was written."""
         snapshots = self._snapshots
         needed = sum(a.nbytes for a in arrays)
-        if not shm_snapshot.fits(needed, snapshots.path):
+        if not shm.fits(needed, snapshots.path):
             if not self._warned:
                 self._warned = True
-                free = shm_snapshot.free_bytes(snapshots.path) or 0
+                free = shm.free_bytes(snapshots.path) or 0
                 log.warning(
                     "snapshots skipped: a snapshot of this state (%.1f MiB) does not fit in the "
                     "%.1f MiB of shared memory free at %s, so a restart resumes from a checkpoint "
@@ -339,7 +341,7 @@ class SnapshotWriter(_NewestFirst[tuple[_Commit, "CheckpointPersister | None"]])
                     needed / 2**20,
                     free / 2**20,
                     snapshots.path,
-                    shm_snapshot.RAISE_HINT,
+                    shm.RAISE_HINT,
                 )
             return False
         return snapshots.write(commit_id, arrays, attrs, self._fingerprint) is not None
@@ -348,7 +350,8 @@ class SnapshotWriter(_NewestFirst[tuple[_Commit, "CheckpointPersister | None"]])
 class CheckpointPersister(_NewestFirst[tuple[_Commit, bool]]):
     """Rank 0's checkpoints off the critical path, from one daemon thread, newest first: a
     commit whose snapshot is written is persisted by the agent from it (over the
-    :class:`AgentLink`, :mod:`elastic_allreduce.persistence`); without an agent that does (none,
+    :class:`AgentLink`, :mod:`elastic_allreduce.commits.persistence`); without an agent that does
+    (none,
     it declined, it is gone, or the snapshot was skipped) the thread writes the checkpoint
     itself from the commit's arrays. ``on_persisted(commit_id)`` is called with each commit
     that reached the checkpoint folder. Writes of the thread hold ``lock``, which the state's

@@ -3,7 +3,7 @@
 Horovod's elastic states send two things with ``broadcast_object``, which cloudpickles them and
 loads the bytes on the receivers (whatever the bytes name would run there): the extra
 attributes at every sync, and a ``(timestamp, timestamp, update)`` tuple at every commit.
-elastic_allreduce sends neither (:mod:`elastic_allreduce.sync` does the collectives):
+elastic_allreduce sends neither (:mod:`elastic_allreduce.agreement.sync` does the collectives):
 
 * **The extra attributes** (``step``, ``epoch``, ``commit_id``, the script's own) must be plain
   data: None, bool, int, float (NaN and the infinities too), str, lists of these and dicts with

@@ -1,8 +1,9 @@
 """The agreement that runs before every state sync, so that a sync can fail but never hang.
 
 :func:`agree` is the first collective of ``elastic_allreduce.State.sync`` and, under
-`elastic-run`, of Horovod's own ``TensorFlowKerasState.sync`` (see :mod:`elastic_allreduce.hooks`).
-Every rank describes its state (:mod:`elastic_allreduce.agreement`), the descriptions are
+`elastic-run`, of Horovod's own ``TensorFlowKerasState.sync`` (see
+:mod:`elastic_allreduce.bootstrap.hooks`).
+Every rank describes its state (:mod:`elastic_allreduce.agreement.shape`), the descriptions are
 allgathered once as JSON bytes, and every rank reaches the same verdict:
 
 * a rank whose Keras optimizer has not created its variables yet (a restarted process that has
@@ -12,7 +13,8 @@ allgathered once as JSON bytes, and every rank reaches the same verdict:
 * any other difference raises :class:`~elastic_allreduce.errors.StateMismatchError` on every
   rank at once, with the same message naming the first rank that differs and the variable.
 
-The other collectives of a state move plain data, never pickles (:mod:`elastic_allreduce.plain`):
+The other collectives of a state move plain data, never pickles
+(:mod:`elastic_allreduce.agreement.plain`):
 :func:`broadcast_attributes` sends the extra attributes at a sync as JSON bytes (the length,
 then the bytes), and :func:`check_host_updates` is Horovod's commit-time host-update check with
 one Max allreduce of six integers instead of a pickled broadcast, batched: the ranks vote at the
@@ -33,8 +35,9 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from elastic_allreduce import agreement, env, plain, runtime
-from elastic_allreduce.agreement import StateDescription, VariableSpec
+from elastic_allreduce import env, runtime
+from elastic_allreduce.agreement import plain, shape
+from elastic_allreduce.agreement.shape import StateDescription, VariableSpec
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import ProtocolError, StateMismatchError, StateValueError
 
@@ -59,7 +62,8 @@ def agree(
     """Agree on the state's shape with every rank; return the rank to sync from.
 
     With ``commit_id`` (``elastic_allreduce.State``, and Horovod's own states under
-    `elastic-run`, which count their commits in :mod:`elastic_allreduce.hooks`) the root is the
+    `elastic-run`, which count their commits in :mod:`elastic_allreduce.bootstrap.hooks`) the root
+    is the
     lowest rank holding the newest commit, else rank 0. Raises StateMismatchError, on every
     rank, when the ranks' states cannot be synced.
     """
@@ -87,13 +91,13 @@ def _agree(
     if hvd.size() == 1:
         return 0, commit_id
     descriptions = _gather(describe(model, optimizer, attributes, commit_id))
-    builders = agreement.ranks_to_build(descriptions)
+    builders = shape.ranks_to_build(descriptions)
     if builders:
         if hvd.rank() in builders:
             build_optimizer(optimizer, model)
         descriptions = _gather(describe(model, optimizer, attributes, commit_id))
-    root = 0 if commit_id is None else agreement.newest_commit_root(descriptions)
-    problem = agreement.first_mismatch(descriptions, root)
+    root = 0 if commit_id is None else shape.newest_commit_root(descriptions)
+    problem = shape.first_mismatch(descriptions, root)
     if problem is not None:
         raise StateMismatchError(problem)
     return root, descriptions[root].commit_id
@@ -163,7 +167,7 @@ def build_optimizer(optimizer: Any, model: Any) -> None:  # noqa: ANN401
 def _gather(description: StateDescription) -> list[StateDescription]:
     payload = np.frombuffer(description.encode(), dtype=np.uint8)
     gathered = hvd.allgather(tf.constant(payload), name=COLLECTIVE_NAME)
-    return agreement.decode_all(gathered.numpy().tobytes(), hvd.size())
+    return shape.decode_all(gathered.numpy().tobytes(), hvd.size())
 
 
 # -- plain data instead of pickles -------------------------------------------------------------
@@ -227,7 +231,7 @@ _VOTE_CLOCK: Final = "_elastic_allreduce_vote_clock"
 
 def vote_interval() -> float:
     """Seconds between host-update votes: ``ELASTIC_ALLREDUCE_HOST_CHECK_INTERVAL``, else
-    :data:`elastic_allreduce.plain.VOTE_INTERVAL` (0: at every commit)."""
+    :data:`elastic_allreduce.agreement.plain.VOTE_INTERVAL` (0: at every commit)."""
     return env.seconds(
         env.HOST_CHECK_INTERVAL,
         plain.VOTE_INTERVAL,

@@ -1,7 +1,8 @@
 """Rank 0's TensorBoard summaries: per-step scalars and a marker at each membership change.
 
 With ``--tensorboard-dir DIR`` (``ELASTIC_ALLREDUCE_TENSORBOARD_DIR`` in the training
-processes), :class:`~elastic_allreduce.worker.State` attaches one :class:`RankZeroSummaries` to
+processes), :class:`~elastic_allreduce.training.api.State` attaches one :class:`RankZeroSummaries`
+to
 its process. Whoever is rank 0 of the current ring writes, with the ``tf.summary`` API, under
 ``DIR/train``:
 

@@ -7,12 +7,14 @@ its optimizer and any extra attributes) with four additions:
   blindly from rank 0 -- so a rank that committed one step more than a peer that failed earlier
   is never rolled back to the older state, and a worker that loaded an older checkpoint never
   overwrites the survivors; and before it broadcasts anything the ranks agree on the state's
-  shape (:mod:`elastic_allreduce.sync`), so a mismatch fails on every rank instead of hanging;
+  shape (:mod:`elastic_allreduce.agreement.sync`), so a mismatch fails on every rank instead of
+  hanging;
 * nothing is pickled between ranks: the extra attributes must be plain data (JSON values,
   NumPy scalars converted; anything else is refused with StateValueError naming it) and are
   synced as JSON bytes, and the host-update check is one small Max allreduce instead of
   Horovod's pickled broadcast, held at a commit about every 0.5 s instead of at each one
-  (:mod:`elastic_allreduce.plain`: the ranks agree at each vote on the commit of the next);
+  (:mod:`elastic_allreduce.agreement.plain`: the ranks agree at each vote on the commit of the
+  next);
 * rank 0 reports each commit to the store (``status/progress``: what ``elastic-run status``
   shows);
 * with a checkpoint directory (``--checkpoint-dir``), rank 0 writes every ``checkpoint_every``-th
@@ -20,18 +22,19 @@ its optimizer and any extra attributes) with four additions:
   ``keep_checkpoints``; a new State loads the newest usable one (falling back to an older one
   when the newest is unreadable): the job resumes from disk when every worker died at once. A
   write that fails (a full disk) is skipped with a warning; training goes on
-  (:mod:`elastic_allreduce.checkpoint`);
+  (:mod:`elastic_allreduce.commits.checkpoint`);
 * under ``elastic-run``, every rank also writes each commit to its slot's snapshot folder in
-  shared memory, which the node's agent owns (:mod:`elastic_allreduce.shm_snapshot`), and a new
+  shared memory, which the node's agent owns (:mod:`elastic_allreduce.commits.shm`), and a new
   State loads the newer (by commit id) of that snapshot and the newest checkpoint: a process
   restarted on its node, or a ring that died while its agents lived, resumes from its last
   commit in memory, with or without ``--checkpoint-dir``. There rank 0's checkpoints leave the
   commit: once a checkpoint's snapshot is written, the node's agent copies it into the
-  checkpoint folder (:mod:`elastic_allreduce.persistence`), or, without an agent that does, a
+  checkpoint folder (:mod:`elastic_allreduce.commits.persistence`), or, without an agent that does,
+  a
   thread of the process writes it.
 
 ``run`` is Horovod's, except that a failed collective is never mistaken for the end of
-training (:mod:`elastic_allreduce.elastic_run`). Everything else is Horovod's: reset callbacks,
+training (:mod:`elastic_allreduce.training.loop`). Everything else is Horovod's: reset callbacks,
 ``DistributedGradientTape``, and the Keras ``fit`` callbacks re-exported here.
 """
 
@@ -59,21 +62,19 @@ from horovod.tensorflow.keras.elastic import (
 )
 from typing_extensions import Unpack
 
-from elastic_allreduce import (
-    collective_clock,
-    elastic_run,
-    env,
-    plain,
-    progress,
-    runtime,
-    state_snapshots,
-    sync,
-    tensorboard,
-    warm,
-)
-from elastic_allreduce.audit import SampleLog
-from elastic_allreduce.checkpoint import CheckpointDir
-from elastic_allreduce.data import (
+from elastic_allreduce import env, progress, runtime
+from elastic_allreduce.agreement import plain, sync
+from elastic_allreduce.agreement.sync import agree
+from elastic_allreduce.commits import snapshots as state_snapshots
+from elastic_allreduce.commits.checkpoint import CheckpointDir
+from elastic_allreduce.commits.persistence import AgentLink
+from elastic_allreduce.errors import ConfigError, StateValueError
+from elastic_allreduce.records import keys
+from elastic_allreduce.records.values import Progress
+from elastic_allreduce.store.latest import LatestValueWriter
+from elastic_allreduce.training import collective_clock, loop, tensorboard, warm
+from elastic_allreduce.training.audit import SampleLog
+from elastic_allreduce.training.data import (
     ArraySource,
     EpochSharding,
     RecordSource,
@@ -83,12 +84,6 @@ from elastic_allreduce.data import (
     TFRecordSource,
     global_batch_for,
 )
-from elastic_allreduce.errors import ConfigError, StateValueError
-from elastic_allreduce.persistence import AgentLink
-from elastic_allreduce.records import keys
-from elastic_allreduce.records.values import Progress
-from elastic_allreduce.store.latest import LatestValueWriter
-from elastic_allreduce.sync import agree
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +114,17 @@ def local_size() -> int:
 
 def DistributedGradientTape(tape: tf.GradientTape, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
     """Horovod's ``DistributedGradientTape`` (same arguments), with its allreduce timed for the
-    launcher's straggler watch (:mod:`elastic_allreduce.collective_clock`)."""
+    launcher's straggler watch (:mod:`elastic_allreduce.training.collective_clock`)."""
     return collective_clock.timed(hvd.DistributedGradientTape(tape, *args, **kwargs))
 
 
 def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
     """Horovod's ``DistributedOptimizer`` (same arguments), with its allreduce timed for the
-    launcher's straggler watch (:mod:`elastic_allreduce.collective_clock`)."""
+    launcher's straggler watch (:mod:`elastic_allreduce.training.collective_clock`)."""
     return collective_clock.timed(hvd.DistributedOptimizer(optimizer, *args, **kwargs))
 
 
-run = elastic_run.run
+run = loop.run
 
 
 @dataclass(frozen=True)
@@ -159,11 +154,12 @@ class DataOptions(TypedDict, total=False):
 
 
 class ElasticData:
-    """Exactly-once batches for tf.data (see :mod:`elastic_allreduce.data`).
+    """Exactly-once batches for tf.data (see :mod:`elastic_allreduce.training.data`).
 
     The samples come from in-memory arrays (``ElasticData(features, labels)``), any indexable
     record collection (:meth:`from_records`), TFRecord shards (:meth:`from_tfrecords`) or any
-    :class:`~elastic_allreduce.data.Source`. The state must carry ``epoch``, ``position`` and
+    :class:`~elastic_allreduce.training.data.Source`. The state must carry ``epoch``, ``position``
+    and
     ``step`` (``State(..., epoch=0, position=0, step=0)``).
 
     Custom loops: ``batches(state)`` yields this rank's batches from the committed position to
@@ -444,7 +440,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             self._snapshots.prepare()
         #: Whether rank 0 has cleaned the checkpoint folder up (if this is rank 0): a warm
         #: joiner is rank 0 of a ring of its own until it joins, and does it then (at its
-        #: first reset) if it is rank 0 of the ring (elastic_allreduce.warm).
+        #: first reset) if it is rank 0 of the ring (elastic_allreduce.training.warm).
         self._checkpoint_folder_checked = not warm.provisional()
         if self._checkpoint_folder_checked and self._checkpoints is not None and hvd.rank() == 0:
             # The only writer: a crashed writer's staging leftovers go now.
@@ -555,10 +551,11 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     def sync(self) -> None:
         """Give every rank the newest committed state (from the lowest rank that has it).
 
-        The ranks first agree on the state's shape (:func:`elastic_allreduce.sync.agree`): a
+        The ranks first agree on the state's shape
+        (:func:`elastic_allreduce.agreement.sync.agree`): a
         mismatch raises StateMismatchError on every rank instead of deadlocking the broadcasts.
         The variables are broadcast as tensors, the extra attributes as JSON bytes
-        (:func:`elastic_allreduce.sync.broadcast_attributes`).
+        (:func:`elastic_allreduce.agreement.sync.broadcast_attributes`).
         """
         with progress.phase("sync"):
             commit_id = int(self._saved_state.get("commit_id", 0))
