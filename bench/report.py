@@ -31,7 +31,7 @@ LIMITS = {
     "hang": (
         "A stopped process sends nothing and fails nothing: its agent sees it stopped (it looks "
         "at its processes' state every {check:g} s) and kills it once stopped for {limit:g} s "
-        "(STOPPED_LIMIT in launcher/agent.py); from then on it is a crash, and the ring "
+        "(STOPPED_LIMIT in launcher/node/agent.py); from then on it is a crash, and the ring "
         "re-forms as after a SIGKILL (item 2: median {crash} s). So recovery is the agent's "
         "{limit:g} s stopped limit plus the re-form: a median <= 1 s needs a shorter limit."
     ),

@@ -26,14 +26,14 @@ from elastic_allreduce.records.snapshot import parse_job, read_job
 from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse_endpoints
 from elastic_allreduce.store.cache import drain, new_inbox
-from launcher import job_options, netinfo, security_cli, status_view
+from launcher import job_options, netinfo, status_view
 from launcher import zoo as zoo_cli
-from launcher.agent import Agent, AgentSettings, NodeTemplate, resolve_command
 from launcher.exit_codes import EXIT_HANDED_OVER, exit_code
 from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
 from launcher.k8s.mode import run_job as run_in_kubernetes
-from launcher.launcher import JobResult, Launcher, LaunchSettings
+from launcher.leader.job import JobResult, Launcher, LaunchSettings
+from launcher.node.agent import Agent, resolve_command
 from launcher.observe.observer import (
     JobObserver,
     add_observer_flags,
@@ -42,6 +42,8 @@ from launcher.observe.observer import (
 from launcher.observe.tensorboard import resolve_directory as resolve_tensorboard_dir
 from launcher.observe.timeline import render_file as render_timeline
 from launcher.provisioners.local import LocalProvisioner
+from launcher.security import cli as security_cli
+from launcher.vocabulary import AgentSettings, NodeTemplate
 
 log = logging.getLogger("elastic-run")
 

@@ -61,12 +61,16 @@ def test_the_tree_keeps_every_contract() -> None:
         ),
         ("elastic_allreduce/records/values.py", "import socket", "do no I/O"),
         (
-            "launcher/policy.py",
+            "launcher/leader/policy.py",
             "from elastic_allreduce.store import EtcdStore",
             "do no I/O",
         ),
         ("elastic_allreduce/rendezvous/protocol.py", "import urllib.request", "do no I/O"),
         ("elastic_allreduce/zoo/contract.py", "import tensorflow", "do no I/O"),
+        ("launcher/vocabulary.py", "import socket", "do no I/O"),
+        ("launcher/leader/job.py", "import launcher.node.agent", "never import each other"),
+        ("launcher/node/agent.py", "import launcher.leader.policy", "never import each other"),
+        ("launcher/status_view.py", "import launcher.cli", "no import cycle"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(
@@ -78,6 +82,19 @@ def test_a_forbidden_import_breaks_its_contract(
     assert "1 broken" in result.stdout, result.stdout
     broken = result.stdout.split("Broken contracts", 1)[1]
     assert contract in broken, broken
+
+
+def test_the_training_api_importing_the_bootstrap_breaks_two_contracts(tree_copy: Path) -> None:
+    """The bootstrap imports the training API, so any import back is also a cycle."""
+    _add_import(
+        tree_copy / "elastic_allreduce/training/warm.py", "import elastic_allreduce.bootstrap.gpu"
+    )
+    result = _lint(tree_copy)
+    assert result.returncode != 0, result.stdout
+    assert "2 broken" in result.stdout, result.stdout
+    broken = result.stdout.split("Broken contracts", 1)[1]
+    assert "bootstrap only through the runtime" in broken, broken
+    assert "No cycles are allowed in elastic_allreduce" in broken, broken
 
 
 def test_the_lazy_training_api_names_match_the_worker_module() -> None:

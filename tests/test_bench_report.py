@@ -286,7 +286,7 @@ def test_a_missed_hang_target_says_why_next_to_the_sigkill_figure() -> None:
     assert "| elastic-run, SIGKILL of the same job (item 2) | 0.225 s" in text
     assert "SIGKILL: median 0.225 s" in text
     assert "**3. hang recovery misses its target.**" in text
-    assert "kills it once stopped for 1 s (STOPPED_LIMIT in launcher/agent.py)" in text
+    assert "kills it once stopped for 1 s (STOPPED_LIMIT in launcher/node/agent.py)" in text
     assert "(item 2: median 0.23 s)" in text
     _check_tables(text)
 

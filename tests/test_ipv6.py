@@ -1,7 +1,7 @@
-"""A launcher on an IPv6 address (elastic_allreduce/bootstrap/ipv6.py, launcher/rendezvous.py): the
-notification service on both families and the launcher's notifications to it, the relay's
-connections kept apart from Gloo's (the relay itself: tests/test_relay.py). Real sockets on
-loopback."""
+"""A launcher on an IPv6 address (elastic_allreduce/bootstrap/ipv6.py,
+launcher/leader/rendezvous.py): the notification service on both families and the launcher's
+notifications to it, the relay's connections kept apart from Gloo's (the relay itself:
+tests/test_relay.py). Real sockets on loopback."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from elastic_allreduce.bootstrap import ipv6
 from elastic_allreduce.bootstrap.sockets import TcpSocket, gloo_connections
 from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.rendezvous import protocol
-from launcher import rendezvous as launcher_rendezvous
+from launcher.leader import rendezvous as launcher_rendezvous
 from tests.test_relay import closed_port
 from tests.test_ring_guard import ipv6_loopback
 

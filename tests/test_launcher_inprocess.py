@@ -40,12 +40,13 @@ from elastic_allreduce.records.values import (
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import SlotAssignment
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Guard, Lease
-from launcher.agent import NodeTemplate, ask_standing
-from launcher.launcher import JobResult, Launcher, LaunchSettings, LeadershipLostError
+from launcher.leader.job import JobResult, Launcher, LaunchSettings, LeadershipLostError
+from launcher.node.agent import ask_standing
 from launcher.observe.events import EventKind, read_events
 from launcher.observe.observer import JobObserver, ObserverSettings
 from launcher.observe.timeline import build
 from launcher.provisioners.api import Provisioner
+from launcher.vocabulary import NodeTemplate
 from tests.conftest import fresh_job_id
 
 pytestmark = pytest.mark.timeout(60)
@@ -328,8 +329,8 @@ def test_a_launcher_that_stops_on_an_error_records_the_failure(
     assert provisioner.closed and job.leader is None
     # Where it was raised is said (a killed launcher never prints its traceback).
     (said,) = [r.getMessage() for r in caplog.records if "unexpected" in r.getMessage()]
-    assert "unexpected ProvisionerError, raised at launcher/launcher.py:" in said, said
-    assert " in _lead <- launcher/launcher.py:" in said and said.endswith(" in run"), said
+    assert "unexpected ProvisionerError, raised at launcher/leader/job.py:" in said, said
+    assert " in _lead <- launcher/leader/job.py:" in said and said.endswith(" in run"), said
 
 
 def test_a_launcher_whose_lease_lapsed_while_another_took_over_writes_nothing(

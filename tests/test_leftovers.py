@@ -158,7 +158,7 @@ def test_kind_of_names_the_processes_the_tests_start() -> None:
     assert leftovers.kind_of(f"{python} /v/bin/elastic-run --standalone -- python t.py") == (
         "elastic-run"
     )
-    assert leftovers.kind_of(f"{python} -m launcher.agent {{}}") == "elastic-run agent"
+    assert leftovers.kind_of(f"{python} -m launcher.node.agent {{}}") == "elastic-run agent"
     assert leftovers.kind_of(f"{python} -m elastic_allreduce.bootstrap t.py") == (
         "training process"
     )

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from elastic_allreduce.records.values import MemberRecord
-from launcher.agent import NodeTemplate
 from launcher.provisioners.local import LocalProvisioner
+from launcher.vocabulary import NodeTemplate
 
 TEMPLATE = NodeTemplate(etcd="127.0.0.1:1", job_id="job-a", nproc_per_node=1, command=("true",))
 
-#: Looks like ``python -m launcher.agent PAYLOAD`` to /proc/<pid>/cmdline, says so, and waits
+#: Looks like ``python -m launcher.node.agent PAYLOAD`` to /proc/<pid>/cmdline, says so, and waits
 #: for SIGTERM.
 LOOKALIKE = "import signal; print('ready', flush=True); signal.sigwait({signal.SIGTERM})"
 
@@ -27,7 +27,7 @@ def lookalike(job_id: str, node_id: str) -> subprocess.Popen[bytes]:
     kernel may not have set it yet (the exec is still under way)."""
     payload = json.dumps({"job_id": job_id, "node_id": node_id})
     proc = subprocess.Popen(
-        [sys.executable, "-c", LOOKALIKE, "launcher.agent", payload], stdout=subprocess.PIPE
+        [sys.executable, "-c", LOOKALIKE, "launcher.node.agent", payload], stdout=subprocess.PIPE
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"ready\n"

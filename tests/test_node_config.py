@@ -13,7 +13,7 @@ import pytest
 from elastic_allreduce.errors import ConfigError, MalformedValueError
 from elastic_allreduce.records.values import JobConfig, JobSettings, OnStateLoss
 from launcher import job_options, netinfo
-from launcher.agent import check_command, resolve_command, slot_devices
+from launcher.node.agent import check_command, resolve_command, slot_devices
 
 # -- CUDA devices --------------------------------------------------------------------------------
 

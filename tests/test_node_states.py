@@ -8,21 +8,16 @@ from dataclasses import replace
 import pytest
 
 from elastic_allreduce.errors import ElasticAllreduceError
-from launcher.policy import (
+from launcher.leader.policy import (
     NODE_START_TIMEOUT,
     NODE_TRANSITIONS,
-    Decision,
-    Log,
-    Member,
     NodeState,
     NodeTable,
     PolicyError,
     RestartBudget,
     RingPolicy,
-    StartNodes,
-    StopNode,
-    WriteRing,
 )
+from launcher.vocabulary import Decision, Log, Member, StartNodes, StopNode, WriteRing
 from tests.test_policy import World, make_policy, of, started_job, step
 
 ALLOWED = sorted(

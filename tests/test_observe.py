@@ -15,7 +15,7 @@ from launcher.observe.events import EventKind, JobEvent, read_events
 from launcher.observe.metrics import JobMetrics
 from launcher.observe.observer import add_observer_flags, observer_settings
 from launcher.observe.timeline import build, render_file
-from launcher.policy import ChangeKind, MembershipChange
+from launcher.vocabulary import ChangeKind, MembershipChange
 
 SETTINGS = JobSettings(1, 4, 1, 3)
 

@@ -28,7 +28,7 @@ from elastic_allreduce.commits.checkpoint import CheckpointDir
 from elastic_allreduce.commits.persistence import AgentLink, PersistReply, PersistRequest
 from elastic_allreduce.commits.snapshots import CheckpointPersister
 from elastic_allreduce.errors import ProtocolError
-from launcher.persister import STOPPING, SnapshotPersister
+from launcher.node.persister import STOPPING, SnapshotPersister
 
 JOB = "job-a"
 FINGERPRINT = "f" * 16

@@ -18,7 +18,8 @@ from elastic_allreduce.records.values import (
 )
 from elastic_allreduce.rendezvous.model import REMOVED, next_membership
 from elastic_allreduce.rendezvous.protocol import WaitKind
-from launcher.policy import (
+from launcher.leader.policy import RingPolicy, missing_at_takeover, parked_nodes
+from launcher.vocabulary import (
     Decision,
     Exit,
     FinishJob,
@@ -29,13 +30,10 @@ from launcher.policy import (
     NotifyWorkers,
     Proc,
     ReleaseWaiters,
-    RingPolicy,
     SetDirective,
     StartNodes,
     StopNode,
     WriteRing,
-    missing_at_takeover,
-    parked_nodes,
 )
 
 D = TypeVar("D")

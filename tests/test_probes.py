@@ -1,10 +1,10 @@
-"""Peer probes (launcher/probes.py): real sockets on loopback, and the judge's counts."""
+"""Peer probes (launcher/node/probes.py): real sockets on loopback, and the judge's counts."""
 
 from __future__ import annotations
 
 import socket
 
-from launcher.probes import FAILURES_TO_MARK, SUCCESSES_TO_CLEAR, ProbeListener, Prober, probe
+from launcher.node.probes import FAILURES_TO_MARK, SUCCESSES_TO_CLEAR, ProbeListener, Prober, probe
 
 
 def closed_port() -> int:

@@ -26,8 +26,8 @@ from elastic_allreduce import env
 from elastic_allreduce.errors import ProtocolError
 from elastic_allreduce.rendezvous import protocol, relay
 from elastic_allreduce.rendezvous.relay import HorovodRendezvous, Relay, with_token
-from launcher import rendezvous as launcher_rendezvous
-from launcher.rendezvous import ReadinessBoard, RendezvousService
+from launcher.leader import rendezvous as launcher_rendezvous
+from launcher.leader.rendezvous import ReadinessBoard, RendezvousService
 from tests.test_ring_guard import ipv6_loopback
 
 pytestmark = pytest.mark.timeout(60)

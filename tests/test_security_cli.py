@@ -13,8 +13,8 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from launcher import certs
 from launcher.cli import main
+from launcher.security import certs
 from tests.conftest import ROOT, fresh_job_id
 from tests.helpers.tls import TlsEtcd, start_tls_etcd
 from tests.integration.harness import HVD_SCRIPT

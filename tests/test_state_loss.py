@@ -1,9 +1,14 @@
-"""launcher.state_loss, step by step: which ring epochs lost the job's newest commit."""
+"""launcher.leader.state_loss, step by step: which ring epochs lost the job's newest commit."""
 
 from __future__ import annotations
 
 from elastic_allreduce.rendezvous.protocol import Commit, ProgressReport, Synced
-from launcher.state_loss import CheckpointSkipWatch, CheckpointsSkipped, StateLossWatch, StateLost
+from launcher.leader.state_loss import (
+    CheckpointSkipWatch,
+    CheckpointsSkipped,
+    StateLossWatch,
+    StateLost,
+)
 
 
 def report(

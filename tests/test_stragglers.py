@@ -1,4 +1,4 @@
-"""launcher.stragglers, step by step: which rank holds a synchronous ring back; and the
+"""launcher.leader.stragglers, step by step: which rank holds a synchronous ring back; and the
 --straggler-factor job option (pure: no processes)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from elastic_allreduce.errors import ConfigError, ProtocolError
 from elastic_allreduce.records.values import JobSettings, StragglerPolicy
 from elastic_allreduce.rendezvous.protocol import ProgressReport
 from launcher import job_options
-from launcher.policy import Log, Member, NodeState, StartNodes, StopNode
-from launcher.stragglers import Straggler, StragglerWatch
+from launcher.leader.policy import NodeState
+from launcher.leader.stragglers import Straggler, StragglerWatch
+from launcher.vocabulary import Log, Member, StartNodes, StopNode
 from tests.test_policy import of, started_job, step
 
 RING = ("n0.0", "n1.0", "n2.0")

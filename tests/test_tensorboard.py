@@ -16,7 +16,7 @@ from elastic_allreduce.errors import ConfigError
 from elastic_allreduce.records.values import EpochCause, JobConfig, JobSettings
 from elastic_allreduce.training import tensorboard as worker_tb
 from launcher.observe import tensorboard as launcher_tb
-from launcher.policy import ChangeKind, MembershipChange
+from launcher.vocabulary import ChangeKind, MembershipChange
 from tests.conftest import ROOT
 from tests.helpers.tensorboard_files import event_files, read_dir, series
 

@@ -18,7 +18,7 @@ from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment
 from elastic_allreduce.rendezvous.protocol import Admission, WaitKind
 from elastic_allreduce.training import warm
 from launcher import job_options
-from launcher.rendezvous import ReadinessBoard, RendezvousService
+from launcher.leader.rendezvous import ReadinessBoard, RendezvousService
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The hang watchdog, step by step (pure: launcher.watchdog), and the progress board."""
+"""The hang watchdog, step by step (pure: launcher.leader.watchdog), and the progress board."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 
 from elastic_allreduce.records.values import EpochCause, Ring, RingState
 from elastic_allreduce.rendezvous.protocol import ProgressReport, StacksReport
-from launcher.policy import Log
-from launcher.watchdog import (
+from launcher.leader.watchdog import (
     HangFound,
     HangWatchdog,
     ProgressBoard,
@@ -18,6 +17,7 @@ from launcher.watchdog import (
     SeenProgress,
     ranks_record,
 )
+from launcher.vocabulary import Log
 
 SLOTS = ("n0.0", "n1.0", "n2.0")
 RING = Ring(2, SLOTS, RingState.RUNNING, "h:1")

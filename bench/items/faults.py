@@ -5,7 +5,7 @@ restart budget; a fault schedule (data: ``kill`` = SIGKILL, ``stop`` = SIGSTOP) 
 the running ring again and again. Each fault gives
 
 * recovery: from the signal until every survivor printed a step at size 2 (a stopped process
-  is killed by its agent once stopped for ``launcher.agent.STOPPED_LIMIT``, then handled like a
+  is killed by its agent once stopped for ``launcher.node.agent.STOPPED_LIMIT``, then handled like a
   crash);
 * scale-up: the restarted process is a new worker; from the moment it is ready (the launcher
   writes the ``resize`` epoch that includes it, seen on a store watch) until every rank printed
@@ -42,7 +42,7 @@ from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import EpochCause, ProcRecord, Ring, RingState
 from elastic_allreduce.store import EtcdStore, EventType
-from launcher.agent import STATE_CHECK_INTERVAL, STOPPED_LIMIT
+from launcher.node.agent import STATE_CHECK_INTERVAL, STOPPED_LIMIT
 
 PARAMS = 100_000
 WARMUP_STEPS = 20

@@ -65,7 +65,7 @@ BACK_LIMIT_S = 180.0  # a restarted or re-registered node imports TensorFlow col
 #: How long a cut host may keep its training process (the multi-host test allows the same).
 FENCE_LIMIT_S = 2 * LEASE_TTL_S + 2.0
 #: What a node's agent logs when, cut off from etcd past its lease TTL, it stops its training
-#: processes at once (launcher/agent.py, ``Agent._fence``).
+#: processes at once (launcher/node/agent.py, ``Agent._fence``).
 FENCED = "cut off from etcd: no lease renewal"
 _JOIN_LINE = re.compile(r"other hosts join with: elastic-run join --etcd (\S+) --job-id (\S+)")
 

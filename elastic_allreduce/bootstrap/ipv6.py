@@ -8,7 +8,7 @@ listens on IPv4 only; nothing here changes Horovod's code:
   IPv4 only and advertises only IPv4 addresses: on a host with none on its Gloo interface it
   raises ``NoValidAddressesFound``. :func:`serve_notifications_over_ipv6` swaps in a subclass
   listening on both families and advertising this host's address on the route to the launcher
-  (the launcher's side sends to it with :mod:`launcher.rendezvous`'s family-neutral client).
+  (the launcher's side sends to it with :mod:`launcher.leader.rendezvous`'s family-neutral client).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ With a checkpoint folder (``--checkpoint-dir``), rank 0 of ``elastic_allreduce.S
 not write its checkpoints itself under ``elastic-run``: after the commit's snapshot is in the
 slot's shared-memory folder (:mod:`elastic_allreduce.commits.shm`), it asks its agent to
 persist it, and the agent copies the snapshot into the checkpoint folder
-(:class:`launcher.persister.SnapshotPersister`). The disk write then costs the training
+(:class:`launcher.node.persister.SnapshotPersister`). The disk write then costs the training
 process nothing, and it completes even if the process dies meanwhile.
 
 The channel is a ``SOCK_SEQPACKET`` socket pair the agent makes for each process it starts;

@@ -249,7 +249,7 @@ class JobSettings:
     #: When no holder of the newest commit survived a failure.
     on_state_loss: OnStateLoss = OnStateLoss.RESTART_FROM_CHECKPOINT
     #: A rank whose own share of each step stays above this many times the other ranks' is
-    #: reported as a straggler (0: not watched); see launcher/stragglers.py.
+    #: reported as a straggler (0: not watched); see launcher/leader/stragglers.py.
     straggler_factor: float = 2.0
     #: What is done with a straggler.
     straggler_policy: StragglerPolicy = StragglerPolicy.REPORT
@@ -445,7 +445,7 @@ class ScriptError:
     """The error a training script ended with (its exception, or ``sys.exit`` with a code),
     as the bootstrap wrote it for the agent: the launcher tells a bug in the script -- every
     rank of a ring failing alike, or a restarted process failing again as its predecessor did
-    before it trained a step -- from a crash of one process (:mod:`launcher.policy`).
+    before it trained a step -- from a crash of one process (:mod:`launcher.leader.policy`).
 
     ``kind`` is the exception's type (``ValueError``, ``module.Class``), ``message`` its text
     (at most :data:`MAX_ERROR_MESSAGE` characters), ``lines`` the last lines of its traceback;

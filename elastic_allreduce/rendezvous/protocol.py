@@ -1,6 +1,6 @@
 """The rendezvous protocol between the launcher's HTTP server and the training processes.
 
-The launcher serves Horovod's rendezvous (``launcher/rendezvous.py``) and answers, besides
+The launcher serves Horovod's rendezvous (``launcher/leader/rendezvous.py``) and answers, besides
 Gloo's own key-value scopes:
 
 * ``GET /rank_and_size/<slot>:0`` -- Horovod's elastic re-initialisation after a reset. Held

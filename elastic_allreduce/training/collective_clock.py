@@ -1,5 +1,5 @@
 """How long this rank's last gradient allreduce waited: the input of the launcher's straggler
-watch (``launcher/stragglers.py``).
+watch (``launcher/leader/stragglers.py``).
 
 In a synchronous ring every rank's step takes as long as the slowest rank's compute: the others
 wait for it inside the allreduce. So the time from "this rank's local gradients are ready" to

@@ -1,8 +1,8 @@
 """Kubernetes Events for membership changes, recorded on the launcher's pod.
 
 :class:`EventRecorder` is the launcher's event sink in Kubernetes mode: every
-:class:`~launcher.policy.MembershipChange` (a join, a leave, a crash, a re-formed ring) becomes a
-core/v1 Event whose involvedObject is the launcher's pod (reason Joined, Left, Crashed,
+:class:`~launcher.leader.policy.MembershipChange` (a join, a leave, a crash, a re-formed ring)
+becomes a core/v1 Event whose involvedObject is the launcher's pod (reason Joined, Left, Crashed,
 Reformed, StateLost, CheckpointSkipped or Straggler; type Warning for crashes, lost state,
 checkpoints that could not be written and stragglers), so ``kubectl describe pod
 <launcher>`` and ``kubectl get events`` show the job's history. After each re-formed ring it
@@ -34,7 +34,7 @@ from launcher.k8s.errors import (
 )
 from launcher.k8s.naming import EVENT_COMPONENT, RING_ANNOTATION, job_labels
 from launcher.k8s.retry import TRANSIENT_BACKOFF, Backoff, retrying
-from launcher.policy import ChangeKind, MembershipChange
+from launcher.vocabulary import ChangeKind, MembershipChange
 
 #: Changes recorded as Warning events (the others are Normal).
 _WARNINGS = frozenset(

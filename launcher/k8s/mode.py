@@ -41,7 +41,7 @@ from launcher.k8s.errors import KubernetesApiError, KubernetesConfigError
 from launcher.k8s.events import EventRecorder
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.k8s.retry import retrying
-from launcher.launcher import JobResult, Launcher, LaunchSettings
+from launcher.leader.job import JobResult, Launcher, LaunchSettings
 from launcher.observe.observer import JobObserver
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from launcher.policy import MembershipChange
+from launcher.vocabulary import MembershipChange
 
 _T = TypeVar("_T")
 

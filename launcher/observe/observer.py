@@ -26,7 +26,7 @@ from launcher.observe.events import (
 )
 from launcher.observe.goodput import GoodputMeter
 from launcher.observe.metrics import JobMetrics
-from launcher.policy import MembershipChange
+from launcher.vocabulary import MembershipChange
 
 #: Events and progress samples kept in memory for the dashboard (the file keeps them all).
 KEPT_EVENTS: Final = 2000

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from elastic_allreduce.errors import ConfigError
-from launcher.policy import ChangeKind, MembershipChange
+from launcher.vocabulary import ChangeKind, MembershipChange
 
 log = logging.getLogger(__name__)
 

@@ -23,15 +23,15 @@ from collections.abc import Mapping
 
 from elastic_allreduce._process import die_with_parent
 from elastic_allreduce.records.values import MemberRecord
-from launcher.agent import NodeTemplate
 from launcher.provisioners.api import Provisioner
+from launcher.vocabulary import NodeTemplate
 
 #: The ids this provisioner gives its nodes: ``n0``, ``n1``, ...
 _NODE_ID = re.compile(r"n(\d+)")
 
 
 class LocalProvisioner(Provisioner):
-    """Runs each node as ``python -m launcher.agent`` on this machine (output inherited)."""
+    """Runs each node as ``python -m launcher.node.agent`` on this machine (output inherited)."""
 
     def __init__(self, template: NodeTemplate, *, outlive_launcher: bool = False) -> None:
         self._template = template
@@ -50,7 +50,7 @@ class LocalProvisioner(Provisioner):
             # Own session: the launcher, not the terminal's Ctrl-C, decides when agents stop.
             # With a private etcd an agent dies with the launcher even when it is SIGKILLed.
             self._agents[node_id] = subprocess.Popen(
-                [sys.executable, "-m", "launcher.agent", payload],
+                [sys.executable, "-m", "launcher.node.agent", payload],
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=None if self._outlive else die_with_parent,  # noqa: PLW1509 - prctl
@@ -114,10 +114,10 @@ def _is_agent(pid: int, job_id: str, node_id: str) -> bool:
             argv = cmdline.read().decode(errors="replace").split("\0")
     except OSError:
         return False
-    if "launcher.agent" not in argv:
+    if "launcher.node.agent" not in argv:
         return False
     try:
-        settings = json.loads(argv[argv.index("launcher.agent") + 1])
+        settings = json.loads(argv[argv.index("launcher.node.agent") + 1])
     except (IndexError, ValueError):
         return False
     return (

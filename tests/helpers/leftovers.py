@@ -113,7 +113,7 @@ def kind_of(command: str) -> str:
         return "etcd server"
     if "elastic_allreduce.bootstrap" in words:
         return "training process"
-    if "launcher.agent" in words or names[1:3] == ["elastic-run", "agent"]:
+    if "launcher.node.agent" in words or names[1:3] == ["elastic-run", "agent"]:
         return "elastic-run agent"
     if "elastic-run" in names[:2] or "launcher.cli" in words:
         return "elastic-run"

@@ -1,7 +1,8 @@
 """A private etcd with TLS, client-certificate authentication and etcd's auth, for tests.
 
-The certificates come from ``elastic-run certs``' own code (launcher.certs) and the users from
-``elastic-run etcd-user``'s (launcher.etcd_auth), so the tests exercise what users run.
+The certificates come from ``elastic-run certs``' own code (launcher.security.certs) and the users
+from ``elastic-run etcd-user``'s (launcher.security.etcd_auth), so the tests exercise what users
+run.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, ServerTls
-from launcher import certs, etcd_auth
+from launcher.security import certs, etcd_auth
 
 ROOT_PASSWORD = "root-password-for-tests"  # noqa: S105 - a throwaway etcd's
 

@@ -20,7 +20,7 @@ from elastic_allreduce import env
 from elastic_allreduce.records.snapshot import read_job
 from elastic_allreduce.records.values import JobPhase
 from elastic_allreduce.store import EtcdSecurity, EtcdStore
-from launcher import certs
+from launcher.security import certs
 from tests.conftest import ROOT, fresh_job_id
 from tests.helpers.tls import TlsEtcd
 from tests.integration.harness import ELASTIC_RUN, HVD_SCRIPT, UNTIL_SCRIPT, Job

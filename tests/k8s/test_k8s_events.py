@@ -13,7 +13,7 @@ from launcher import cli
 from launcher.k8s.events import EventRecorder
 from launcher.k8s.naming import RING_ANNOTATION
 from launcher.k8s.retry import Backoff
-from launcher.policy import ChangeKind, MembershipChange
+from launcher.vocabulary import ChangeKind, MembershipChange
 from tests.helpers.fake_kube import FakeKube, Fault
 
 

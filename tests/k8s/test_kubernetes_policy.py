@@ -7,15 +7,14 @@ from dataclasses import replace
 
 from elastic_allreduce.records.values import RingState
 from elastic_allreduce.rendezvous.protocol import WaitKind
-from launcher.policy import (
-    NODE_START_TIMEOUT,
+from launcher.leader.policy import NODE_START_TIMEOUT, RingPolicy
+from launcher.vocabulary import (
     ChangeKind,
     Decision,
     JobView,
     Log,
     Member,
     MembershipChange,
-    RingPolicy,
     StartNodes,
     WriteRing,
 )

@@ -26,7 +26,7 @@ from launcher.job_options import JobOptions
 from launcher.k8s import manifests as m
 from launcher.k8s import naming as n
 from launcher.observe.events import default_events_file
-from launcher.security_cli import security_from_args
+from launcher.security.cli import security_from_args
 from tests.conftest import ROOT
 
 K8S = ROOT / "k8s"
@@ -943,7 +943,7 @@ def test_the_tensorboard_dir_is_on_the_claim_that_the_launcher_and_the_workers_m
 
 
 def test_the_worker_grace_period_outlasts_the_agents_graceful_leave() -> None:
-    from launcher.agent import NodeTemplate  # noqa: PLC0415
+    from launcher.vocabulary import NodeTemplate  # noqa: PLC0415
 
     [leave] = [f.default for f in fields(NodeTemplate) if f.name == "leave_timeout"]
     assert isinstance(leave, float)

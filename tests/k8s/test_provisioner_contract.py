@@ -1,6 +1,6 @@
 """One contract for every provisioner: local agent processes and Kubernetes pods.
 
-Real etcd and real agents (`python -m launcher.agent` locally; `elastic-run join` in the fake
+Real etcd and real agents (`python -m launcher.node.agent` locally; `elastic-run join` in the fake
 cluster's pods); only the Kubernetes API is a fake. The job has a configuration but no launcher
 yet, so agents register and wait: enough to see nodes come and go through the store.
 tests/kube/test_provisioner_contract.py runs these same functions against the real API server.
@@ -16,10 +16,10 @@ import pytest
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import MemberRecord
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore
-from launcher.agent import NodeTemplate
 from launcher.k8s.provisioner import KubernetesProvisioner, KubernetesSettings
 from launcher.provisioners.api import Provisioner
 from launcher.provisioners.local import LocalProvisioner
+from launcher.vocabulary import NodeTemplate
 from tests.conftest import ROOT
 from tests.helpers.fake_kube import FakeKube
 from tests.k8s.conftest import StoreView, join_template, write_job_config

@@ -18,8 +18,8 @@ import pytest
 from elastic_allreduce.errors import ConfigError, StoreAuthError, StoreError
 from elastic_allreduce.store import EtcdSecurity, EtcdStore, EventType, Watch, WatchEvent
 from elastic_allreduce.store.etcd import parse_endpoints
-from launcher import certs
 from launcher.exit_codes import exit_code
+from launcher.security import certs
 from tests.conftest import ROOT, fresh_job_id
 from tests.helpers.tls import TlsEtcd, start_tls_etcd
 

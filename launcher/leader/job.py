@@ -3,9 +3,9 @@
 It wins leadership by creating ``launcher/leader`` under its lease (a second launcher for the
 same job waits until that key is gone), serves the Gloo rendezvous, asks the provisioner for the
 initial nodes, then loops: read the job from the store and the rendezvous, let
-:class:`launcher.policy.RingPolicy` and the hang watchdog (:mod:`launcher.watchdog`) decide,
-execute the decisions. The members' progress, reported to the rendezvous server, is written to
-``status/ranks`` every few seconds.
+:class:`launcher.leader.policy.RingPolicy` and the hang watchdog (:mod:`launcher.leader.watchdog`)
+decide, execute the decisions. The members' progress, reported to the rendezvous server, is written
+to ``status/ranks`` every few seconds.
 
 An etcd outage is weather: store calls retry for up to ``--outage-timeout`` while the ranks go
 on training (they need no launcher until membership changes). etcd lets every lease expire
@@ -64,11 +64,23 @@ from elastic_allreduce.rendezvous.protocol import (
 )
 from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
-from launcher.agent import NodeTemplate
+from launcher.leader.policy import RingPolicy
+from launcher.leader.rendezvous import ReadinessBoard, RendezvousService
+from launcher.leader.state_loss import CheckpointSkipWatch, StateLossWatch
+from launcher.leader.stragglers import Straggler, StragglerWatch
+from launcher.leader.watchdog import (
+    HangFound,
+    HangWatchdog,
+    ProgressBoard,
+    RequestStacks,
+    RingLook,
+    ranks_record,
+)
 from launcher.observe import tensorboard
 from launcher.observe.observer import JobObserver
 from launcher.observe.server import DashboardServer
-from launcher.policy import (
+from launcher.provisioners.api import Provisioner
+from launcher.vocabulary import (
     ChangeKind,
     Decision,
     Exit,
@@ -77,26 +89,14 @@ from launcher.policy import (
     Log,
     Member,
     MembershipChange,
+    NodeTemplate,
     NotifyWorkers,
     Proc,
     ReleaseWaiters,
-    RingPolicy,
     SetDirective,
     StartNodes,
     StopNode,
     WriteRing,
-)
-from launcher.provisioners.api import Provisioner
-from launcher.rendezvous import ReadinessBoard, RendezvousService
-from launcher.state_loss import CheckpointSkipWatch, StateLossWatch
-from launcher.stragglers import Straggler, StragglerWatch
-from launcher.watchdog import (
-    HangFound,
-    HangWatchdog,
-    ProgressBoard,
-    RequestStacks,
-    RingLook,
-    ranks_record,
 )
 
 log = logging.getLogger("elastic-run")
@@ -211,7 +211,7 @@ def stored_nodes(items: Iterable[KeyValue]) -> frozenset[str]:
 
 
 def raised_at(exc: BaseException, frames: int = 3) -> str:
-    """Where ``exc`` was raised in this project's code, innermost first ("launcher/launcher.py:
+    """Where ``exc`` was raised in this project's code, innermost first ("launcher/leader/job.py:
     333 in _lead <- ..."): said before a launcher stops on an unexpected error, whose
     traceback a killed process never prints (the soak kills what is left of a failed job)."""
     root = _PACKAGES[0].parent
@@ -827,9 +827,9 @@ class Launcher:
         return decisions
 
     def _check_state(self, policy: RingPolicy, view: JobView, job: JobSnapshot) -> list[Decision]:
-        """Whether a re-formed ring lost the newest commit (launcher.state_loss): each loss is
-        announced (log, events, metrics) and, with ``--on-state-loss fail``, fails the job.
-        Checkpoints a process could not write, and stragglers (launcher.stragglers), are
+        """Whether a re-formed ring lost the newest commit (launcher.leader.state_loss): each loss
+        is announced (log, events, metrics) and, with ``--on-state-loss fail``, fails the job.
+        Checkpoints a process could not write, and stragglers (launcher.leader.stragglers), are
         announced the same way."""
         if job.progress is not None:
             record = job.progress.record

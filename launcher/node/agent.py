@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -54,7 +53,6 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import slot_id
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, Stored, parse_job
 from elastic_allreduce.records.values import (
-    DEFAULT_KEEP_CHECKPOINTS,
     Directive,
     ExitRecord,
     JobConfig,
@@ -75,8 +73,9 @@ from elastic_allreduce.rendezvous.protocol import (
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.exit_codes import EXIT_LEADERLESS, exit_code
-from launcher.persister import SnapshotPersister
-from launcher.probes import ProbeListener, Prober
+from launcher.node.persister import SnapshotPersister
+from launcher.node.probes import ProbeListener, Prober
+from launcher.vocabulary import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -104,50 +103,10 @@ STACKS_WAIT: Final = 1.0
 #: of ``ea.State`` writes its last commit to the checkpoint folder on SIGTERM (the Kubernetes
 #: worker's grace period is the leave timeout plus 30 s).
 LEAVE_STOP_GRACE: Final = 25.0
-#: Seconds a stopping agent waits for a checkpoint copy under way (launcher.persister).
+#: Seconds a stopping agent waits for a checkpoint copy under way (launcher.node.persister).
 PERSIST_CLOSE_WAIT: Final = 30.0
 #: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
 _STOPPED_STATES: Final = frozenset({"T", "t"})
-
-
-@dataclass(frozen=True)
-class NodeTemplate:
-    """What every worker node of a job is started with (the launcher's provisioner, or
-    ``elastic-run join``, adds the node's id: :meth:`for_node`)."""
-
-    etcd: str
-    job_id: str
-    nproc_per_node: int
-    command: tuple[str, ...]
-    checkpoint_dir: str | None = None
-    #: Where the training processes run (None: the agent's working directory).
-    workdir: str | None = None
-    #: The address peers reach the node at.
-    host: str = "127.0.0.1"
-    gloo_iface: str = "lo"
-    #: TTL of the node's lease and of each training process's (the job's --lease-ttl).
-    lease_ttl: int = 3
-    leave_timeout: float = 60.0
-    start_timeout: float = 60.0
-    #: The job's --tensorboard-dir (None: no summaries).
-    tensorboard_dir: str | None = None
-    #: The job's --keep-checkpoints.
-    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
-
-    def for_node(self, node_id: str) -> AgentSettings:
-        """The settings of one node of this template."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(NodeTemplate)}
-        return AgentSettings(**fields, node_id=keys.validate_node_id(node_id))
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentSettings(NodeTemplate):
-    """What one agent needs: its job's node template and its own node id."""
-
-    node_id: str
-    #: Started by the launcher (it may replace a lost node whose member key has not expired
-    #: yet): the --max-workers check of a node that joins by itself is skipped.
-    provisioned: bool = False
 
 
 @dataclass(frozen=True)
@@ -837,7 +796,7 @@ class Agent:
 
     def _persist_link(self, slot: str, folder: Path) -> socket.socket | None:
         """The process's end of a new persistence channel, or None without a checkpoint
-        folder (:mod:`launcher.persister`)."""
+        folder (:mod:`launcher.node.persister`)."""
         settings = self.settings
         if not settings.checkpoint_dir:
             return None
@@ -1082,7 +1041,7 @@ def python_script_args(command: Sequence[str], *, check_exists: bool = True) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m launcher.agent SETTINGS_JSON``: how the local provisioner starts agents."""
+    """``python -m launcher.node.agent SETTINGS_JSON``: how the local provisioner starts agents."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     print_stacks_on_sigusr1()
     raw = json.loads((sys.argv[1:] if argv is None else list(argv))[0])

@@ -1,8 +1,9 @@
 """The launcher's decisions, as a pure state machine over snapshots of the job.
 
 :class:`RingPolicy.step` takes a :class:`JobView` (what the store and the rendezvous say now)
-and returns the decisions to execute, in order. It does no I/O, so every rule is unit-tested
-step by step; :mod:`launcher.launcher` executes the decisions.
+and returns the decisions to execute, in order (both defined in :mod:`launcher.vocabulary`). It does
+no I/O, so every rule is unit-tested step by step; :mod:`launcher.leader.job` executes the
+decisions.
 
 Each node the policy knows is in one :class:`NodeState`, moved only along NODE_TRANSITIONS;
 every restart is spent through one :class:`RestartBudget`; the wanted number of nodes changes
@@ -14,7 +15,7 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Mapping, Set
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
 
@@ -24,203 +25,33 @@ from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
     STATE_MISMATCH_EXIT_CODE,
     EpochCause,
-    ExitRecord,
     JobSettings,
     Ring,
     RingState,
     ScriptError,
 )
-from elastic_allreduce.rendezvous.model import REMOVED, SlotAssignment, next_membership
+from elastic_allreduce.rendezvous.model import REMOVED, next_membership
 from elastic_allreduce.rendezvous.protocol import WaitKind
-
-
-@dataclass(frozen=True)
-class Proc:
-    """A live training process (its ``procs/<slot>`` key exists under its own lease)."""
-
-    slot: str
-    incarnation: int
-    registered: int
-    #: The script ended successfully; the process is shutting down (its lease may lapse first).
-    finished: bool = False
-
-
-@dataclass(frozen=True)
-class Member:
-    """A live node (its agent's ``members/<node>`` key exists under the agent's lease)."""
-
-    node: str
-    slots: int
-    leaving: bool
-    registered: int
-    #: The members this node's probes cannot reach (see launcher.probes).
-    unreachable: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True)
-class Exit:
-    """A process exit reported by its agent at ``exits/<slot>/<incarnation>``."""
-
-    slot: str
-    incarnation: int
-    code: int | None
-    signal: int | None
-    tail: tuple[str, ...] = ()
-    #: The error its script ended with (an exception, sys.exit), when its bootstrap said.
-    error: ScriptError | None = None
-
-    @property
-    def succeeded(self) -> bool:
-        return self.code == 0
-
-    def describe(self) -> str:
-        return ExitRecord(self.code, self.signal).describe()
-
-
-class Phase(enum.Enum):
-    """Where the job is."""
-
-    RUNNING = "running"
-    FINISHING = "finishing"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-# -- decisions ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WriteRing:
-    """Write this ring epoch (compare-and-swap on the previous one)."""
-
-    ring: Ring
-
-
-@dataclass(frozen=True)
-class ReleaseWaiters:
-    """Answer waiting slots: their ranks in ``epoch`` (REMOVED for slots not admitted)."""
-
-    epoch: int
-    answers: tuple[tuple[str, SlotAssignment], ...]
-
-
-@dataclass(frozen=True)
-class NotifyWorkers:
-    """Send Horovod host-update notifications so members reset at their next commit.
-
-    Always of the "hosts added" kind: Horovod skips the state sync after a reset that was only
-    announced as a removal, but a later epoch may add a newcomer before a member has reset, and
-    a member that skipped the sync then waits forever for a newcomer that is syncing.
-    """
-
-    slots: tuple[str, ...]
-    timestamp: int
-
-
-@dataclass(frozen=True)
-class SetDirective:
-    """Tell a node's agent which incarnation each of its slots should run (absent: stop it)."""
-
-    node: str
-    incarnations: tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class StartNodes:
-    """Ask the provisioner for more nodes."""
-
-    count: int
-
-
-@dataclass(frozen=True)
-class StopNode:
-    """Ask the provisioner to stop a node gracefully (scale-down)."""
-
-    node: str
-
-
-@dataclass(frozen=True)
-class FinishJob:
-    """The job is over."""
-
-    succeeded: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Log:
-    """A membership change or decision worth a line in the launcher's log."""
-
-    message: str
-
-
-class ChangeKind(enum.Enum):
-    """What happened to the ring's membership (the reason of a Kubernetes Event)."""
-
-    JOINED = "Joined"
-    LEFT = "Left"
-    CRASHED = "Crashed"
-    REFORMED = "Reformed"
-    #: No process holding the newest commit survived: the ring restarted from an older one
-    #: (launcher.state_loss; ``slots`` empty).
-    STATE_LOST = "StateLost"
-    #: A process could not write a checkpoint and skipped it (``slots``: that process).
-    CHECKPOINT_SKIPPED = "CheckpointSkipped"
-    #: A rank holds the ring back: its share of each step is far above the others'
-    #: (launcher.stragglers; ``slots``: that rank).
-    STRAGGLER = "Straggler"
-
-
-@dataclass(frozen=True)
-class MembershipChange:
-    """A membership change for observers (Kubernetes Events); ``slots`` in rank order for
-    REFORMED, else the slots concerned (empty for a node lost before it had processes)."""
-
-    kind: ChangeKind
-    epoch: int
-    slots: tuple[str, ...]
-    message: str
-    #: REFORMED: why the epoch was formed, and seconds from its decision to every member
-    #: released (the re-form time observers chart).
-    cause: EpochCause | None = None
-    duration: float | None = None
-
-
-Decision = (
-    WriteRing
-    | ReleaseWaiters
-    | NotifyWorkers
-    | SetDirective
-    | StartNodes
-    | StopNode
-    | FinishJob
-    | Log
-    | MembershipChange
+from launcher.vocabulary import (
+    ChangeKind,
+    Decision,
+    Exit,
+    FinishJob,
+    JobView,
+    Log,
+    Member,
+    MembershipChange,
+    NotifyWorkers,
+    Phase,
+    ReleaseWaiters,
+    SetDirective,
+    StartNodes,
+    StopNode,
+    WriteRing,
 )
 
 #: Seconds a requested node may take to register before it counts as failed to start.
 NODE_START_TIMEOUT = 120.0
-
-
-@dataclass(frozen=True)
-class JobView:
-    """Everything the policy looks at, read at one moment."""
-
-    now: float
-    procs: Mapping[str, Proc]
-    members: Mapping[str, Member]
-    exits: tuple[Exit, ...]
-    waiting: Mapping[str, WaitKind]
-    #: Nodes asked for with ``elastic-run scale`` (None: no request).
-    scale_target: int | None = None
-    #: Requested nodes that the cluster cannot place yet (Kubernetes: unschedulable pods).
-    pending_nodes: frozenset[str] = frozenset()
-    #: Nodes lost without being asked to stop, and why (Kubernetes: a pod that failed, was
-    #: evicted, preempted or deleted by someone else). Cumulative; the policy handles each once.
-    disrupted_nodes: Mapping[str, str] = field(default_factory=dict)
-    #: Nodes whose processes are known gone (Kubernetes: a Failed pod) while their leases in
-    #: the store have not expired yet: their slots are not waited for.
-    dead_nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -1030,7 +861,7 @@ class RingPolicy:
         for epoch in sorted(self.epoch_members)[:-EPOCHS_REMEMBERED]:
             del self.epoch_members[epoch]
 
-    # -- the hang watchdog's findings (launcher.watchdog) ----------------------------------------
+    # -- the hang watchdog's findings (launcher.leader.watchdog) ---------------------------------
 
     def replace_hung(self, slots: tuple[str, ...], view: JobView) -> list[Decision]:
         """Kill and restart these members of the running ring (they hung); their exits are not

@@ -5,10 +5,10 @@
   :func:`security_from_args` reads them back, :func:`export_security` puts them into this
   process's environment so that the agents and training processes it starts use them too.
 - ``elastic-run certs DIR``: a CA, a server certificate and client certificates
-  (:mod:`launcher.certs`).
+  (:mod:`launcher.security.certs`).
 - ``elastic-run etcd-user``: with root's credentials, turn on etcd's auth (``--enable-auth``)
   and give a job a user whose role may read and write that job's keys only
-  (:mod:`launcher.etcd_auth`).
+  (:mod:`launcher.security.etcd_auth`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Final
 from elastic_allreduce import env
 from elastic_allreduce.records.keys import validate_job_id
 from elastic_allreduce.store import EtcdSecurity, EtcdStore
-from launcher import certs, etcd_auth
+from launcher.security import certs, etcd_auth
 
 #: (flag, attribute, environment variable, metavar, help) of each security flag.
 _FLAGS: Final = (

@@ -3,8 +3,8 @@
 Training processes report their progress to the launcher's rendezvous server about once a
 second (:mod:`elastic_allreduce.progress`); :class:`ProgressBoard` keeps the last report of each
 slot (HTTP handler threads write it, the control loop reads it). :class:`HangWatchdog` is pure,
-like :class:`~launcher.policy.RingPolicy`: each :meth:`HangWatchdog.step` looks at the running
-ring, the reports and the stacks received, and returns decisions the launcher executes.
+like :class:`~launcher.leader.policy.RingPolicy`: each :meth:`HangWatchdog.step` looks at the
+running ring, the reports and the stacks received, and returns decisions the launcher executes.
 
 The rule: when no member of the running ring epoch (while a resize epoch forms: of the last
 running one, whose members train until their next commit) has made progress (a step or a commit) for
@@ -42,7 +42,7 @@ from elastic_allreduce.records.values import (
     RingState,
 )
 from elastic_allreduce.rendezvous.protocol import ProgressReply, ProgressReport, StacksReport
-from launcher.policy import Log
+from launcher.vocabulary import Log
 
 #: Seconds the watchdog waits for the members' stacks once it asked for them (reports come
 #: about once a second).

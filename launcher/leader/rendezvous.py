@@ -66,7 +66,7 @@ from elastic_allreduce.rendezvous.protocol import (
     WaitKind,
     WorkerAddresses,
 )
-from launcher.watchdog import ProgressBoard
+from launcher.leader.watchdog import ProgressBoard
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class RendezvousService:
 
     @staticmethod
     def _send(slot: str, worker: WorkerAddresses, timestamp: int, *, again: bool = False) -> None:
-        update = HostUpdateResult.added  # see launcher.policy.NotifyWorkers
+        update = HostUpdateResult.added  # see launcher.leader.policy.NotifyWorkers
         threading.Thread(
             target=_notify_one,
             args=(slot, worker, timestamp, update),

@@ -1,0 +1,1 @@
+"""TLS material and etcd authentication for a job, and the ``elastic-run security`` commands."""
