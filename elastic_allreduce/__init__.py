@@ -12,35 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from elastic_allreduce.training import API
+
 __version__ = "0.1.0.dev0"
 
-_WORKER_NAMES = frozenset(
-    {
-        "ArraySource",
-        "Batch",
-        "CommitStateCallback",
-        "DistributedGradientTape",
-        "DistributedOptimizer",
-        "ElasticData",
-        "KerasFeed",
-        "RecordSource",
-        "ScaleLearningRate",
-        "Source",
-        "State",
-        "TFRecordSource",
-        "UpdateBatchStateCallback",
-        "UpdateEpochStateCallback",
-        "allreduce",
-        "init",
-        "local_rank",
-        "local_size",
-        "rank",
-        "run",
-        "shutdown",
-        "size",
-        "warm_up",
-    }
-)
+_WORKER_NAMES = frozenset(API)
 
 
 #: Progress reporting for the launcher's hang watchdog (no TensorFlow import).

@@ -1,5 +1,5 @@
-"""Small process helpers shared by the embedded etcd, the agent, the local provisioner and the
-training processes' bootstrap."""
+"""Small process helpers shared by the embedded etcd, the agent, the local provisioner, the
+training processes' bootstrap and the bench."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import ctypes
 import faulthandler
 import io
 import signal
+import subprocess
 import sys
-from typing import Final
+from typing import Any, Final
 
 _PR_SET_PDEATHSIG: Final = 1
 
@@ -29,3 +30,19 @@ def print_stacks_on_sigusr1() -> None:
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     except (AttributeError, ValueError, io.UnsupportedOperation):
         return
+
+
+def merged_output(*, text: bool) -> dict[str, Any]:
+    """``Popen`` keyword arguments for a child that reads nothing and writes its stdout and
+    stderr, merged, to one pipe, in a session of its own (a terminal's Ctrl-C reaches only its
+    parent, which decides when it stops). ``text``: the pipe yields lines of text, undecodable
+    bytes replaced."""
+    options: dict[str, Any] = {
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT,
+        "start_new_session": True,
+    }
+    if text:
+        options.update(text=True, errors="replace", bufsize=1)
+    return options

@@ -78,10 +78,16 @@ ERROR_FILE: Final = "ELASTIC_ALLREDUCE_ERROR_FILE"
 #: The ring epoch a training process joined first (set by the bootstrap).
 RING_EPOCH: Final = "ELASTIC_ALLREDUCE_RING_EPOCH"
 
-#: Horovod's own variables that the agent and bootstrap set.
 #: The launcher's rendezvous token, for a training process (it removes it from its
 #: environment before the script runs).
 RENDEZVOUS_TOKEN: Final = "ELASTIC_ALLREDUCE_RENDEZVOUS_TOKEN"  # noqa: S105 - a name
+
+#: Horovod's own variables that the agent and bootstrap set (and the Gloo interface, read).
+HOROVOD_CONTROLLER: Final = "HOROVOD_CONTROLLER"
+HOROVOD_CPU_OPERATIONS: Final = "HOROVOD_CPU_OPERATIONS"
+HOROVOD_GLOO_IFACE: Final = "HOROVOD_GLOO_IFACE"
+#: "1": Horovod's C++ side asks the rendezvous at init, its Python side runs elastic.
+HOROVOD_ELASTIC: Final = "HOROVOD_ELASTIC"
 HOROVOD_RENDEZVOUS_ADDR: Final = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 HOROVOD_RENDEZVOUS_PORT: Final = "HOROVOD_GLOO_RENDEZVOUS_PORT"
 HOROVOD_HOSTNAME: Final = "HOROVOD_HOSTNAME"

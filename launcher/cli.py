@@ -18,7 +18,7 @@ from types import FrameType
 
 from rich.console import Console
 
-from elastic_allreduce import __version__, env
+from elastic_allreduce import __version__, env, netinfo
 from elastic_allreduce._process import print_stacks_on_sigusr1
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError
 from elastic_allreduce.records import keys
@@ -26,7 +26,7 @@ from elastic_allreduce.records.snapshot import parse_job, read_job
 from elastic_allreduce.records.values import JobConfig, ScaleTarget
 from elastic_allreduce.store import EmbeddedEtcd, EtcdSecurity, EtcdStore, parse_endpoints
 from elastic_allreduce.store.cache import drain, new_inbox
-from launcher import job_options, netinfo, status_view
+from launcher import job_options, status_view
 from launcher import zoo as zoo_cli
 from launcher.exit_codes import EXIT_HANDED_OVER, exit_code
 from launcher.k8s import cli as k8s_cli

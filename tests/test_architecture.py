@@ -102,4 +102,6 @@ def test_the_lazy_training_api_names_match_the_worker_module() -> None:
     from elastic_allreduce.training import api as worker  # noqa: PLC0415 - imports TensorFlow
 
     assert frozenset(worker.__all__) == elastic_allreduce._WORKER_NAMES
+    for name in worker.__all__:
+        assert getattr(elastic_allreduce, name) is getattr(worker, name), name
     assert elastic_allreduce.State is worker.State

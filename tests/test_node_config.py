@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from elastic_allreduce import netinfo
 from elastic_allreduce.errors import ConfigError, MalformedValueError
 from elastic_allreduce.records.values import JobConfig, JobSettings, OnStateLoss
-from launcher import job_options, netinfo
+from launcher import job_options
 from launcher.node.agent import check_command, resolve_command, slot_devices
 
 # -- CUDA devices --------------------------------------------------------------------------------

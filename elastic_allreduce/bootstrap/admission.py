@@ -20,12 +20,11 @@ from elastic_allreduce.bootstrap.ring_guard import RingGuard
 from elastic_allreduce.bootstrap.sockets import GlooSockets
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.progress import REPORT_INTERVAL, Beacon
-from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import read_ring
 from elastic_allreduce.records.values import (
     NOT_ADMITTED_EXIT_CODE,
     ProcPhase,
     ProcRecord,
-    Ring,
 )
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.store import EtcdStore
@@ -72,8 +71,7 @@ def job_has_trained(store: EtcdStore, slot: str) -> bool:
     ranks there sync as soon as they are admitted. Before the first epoch ran, every process
     starts with the first ring, its code before the elastic run beside the others'."""
     try:
-        stored = store.get(keys.RING)
-        ring = None if stored is None else Ring.from_json(stored.key, stored.value)
+        ring = read_ring(store)
     except ElasticAllreduceError as exc:
         log.warning("slot %s: could not read the ring (%s); joining without a warm-up", slot, exc)
         return False
@@ -112,7 +110,7 @@ class Admission:
         for name, value in zip(env.HOROVOD_RANK_VARIABLES, ranks, strict=True):
             os.environ[name] = str(value)
         os.environ[env.RING_EPOCH] = str(admission.epoch)
-        os.environ["HOROVOD_ELASTIC"] = "1"
+        os.environ[env.HOROVOD_ELASTIC] = "1"
         registration = self.registration
         registration.update(
             replace(registration.record, phase=ProcPhase.TRAINING, epoch=admission.epoch)

@@ -123,6 +123,7 @@ from elastic_allreduce.commits.persistence import AgentLink
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
+from elastic_allreduce.records.snapshot import read_ring
 from elastic_allreduce.records.values import NOT_ADMITTED_EXIT_CODE, MemberRecord, Ring
 from elastic_allreduce.store import EventType, Store
 from elastic_allreduce.training import collective_clock, loop, warm
@@ -477,7 +478,7 @@ class QuietReset:
             return None
         mine = runtime.ring_epoch()
         try:
-            ring = _ring(self._store)
+            ring = read_ring(self._store)
             if ring is None or ring.epoch <= mine:
                 if not _leaving(self._store, slot):
                     return None
@@ -490,11 +491,6 @@ class QuietReset:
         return ring.epoch
 
 
-def _ring(store: Store) -> Ring | None:
-    stored = store.get(keys.RING)
-    return None if stored is None else Ring.from_json(stored.key, stored.value)
-
-
 def _leaving(store: Store, slot: str) -> bool:
     node = split_slot(slot)[0]
     stored = store.get(keys.member(node))
@@ -504,7 +500,7 @@ def _leaving(store: Store, slot: str) -> bool:
 def _next_ring(store: Store, after: int, deadline: float) -> Ring | None:
     """The first ring with an epoch above ``after``, waiting for it until ``deadline``."""
     with store.watch_prefix(keys.RING) as watch:
-        ring = _ring(store)  # written between the first read and the watch's start?
+        ring = read_ring(store)  # written between the first read and the watch's start?
         while ring is None or ring.epoch <= after:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

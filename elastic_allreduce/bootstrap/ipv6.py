@@ -20,28 +20,9 @@ import socket
 import socketserver
 from typing import Any
 
-from elastic_allreduce.errors import ConfigError
+from elastic_allreduce import env, netinfo
 
 log = logging.getLogger(__name__)
-
-
-def route_source(host: str, port: int) -> str:
-    """The address this host sends from to reach ``host:port`` (nothing is sent: connecting a
-    UDP socket only picks the route); ConfigError when no route leads there."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    except OSError as exc:
-        raise ConfigError(f"cannot resolve {host!r}: {exc}") from exc
-    reasons = []
-    for family, kind, proto, _, target in infos:
-        with socket.socket(family, kind, proto) as probe:
-            try:
-                probe.connect(target)
-            except OSError as exc:
-                reasons.append(str(exc))
-                continue
-            return str(probe.getsockname()[0]).split("%", 1)[0]
-    raise ConfigError(f"no route from this host to {host} ({'; '.join(reasons) or 'no address'})")
 
 
 class _DualStackServer(socketserver.ThreadingTCPServer):
@@ -67,8 +48,10 @@ def serve_notifications_over_ipv6(launcher_host: str, launcher_port: int) -> Non
     stock = worker.WorkerNotificationService
     if getattr(stock, "_elastic_allreduce_ipv6", False):
         return
-    advertised = route_source(launcher_host, launcher_port)
-    interface = os.environ.get("HOROVOD_GLOO_IFACE") or "route"
+    advertised = netinfo.source_address(
+        launcher_host, launcher_port, "check this host's network"
+    ).split("%", 1)[0]
+    interface = os.environ.get(env.HOROVOD_GLOO_IFACE) or "route"
 
     class Service(stock):  # type: ignore[misc, valid-type]
         """Horovod's service; only its socket and its advertised address differ."""

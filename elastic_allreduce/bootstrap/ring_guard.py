@@ -15,6 +15,7 @@ from elastic_allreduce.bootstrap.sockets import (
 )
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
+from elastic_allreduce.records.snapshot import read_ring
 from elastic_allreduce.records.values import (
     EpochCause,
     Ring,
@@ -83,8 +84,7 @@ class RingGuard:
         already have connected a newer epoch, whose connections must stay. Unknown (the store
         does not answer): True, as the event says."""
         try:
-            stored = self._store.get(keys.RING)
-            current = None if stored is None else Ring.from_json(stored.key, stored.value)
+            current = read_ring(self._store)
         except ElasticAllreduceError as exc:
             log.warning("slot %s: ring guard could not re-read the ring: %s", self._slot, exc)
             return True

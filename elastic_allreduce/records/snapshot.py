@@ -4,19 +4,20 @@
 cache) into a :class:`JobSnapshot`: one typed record per key, with the key's revisions. Keys
 that fit no shape of :mod:`.keys` and values that do not parse are *skipped* and listed in
 :attr:`JobSnapshot.skipped` with the reason -- junk in the store never stops a reader.
-:func:`read_job` lists a live store. Pure apart from that one read.
+:func:`read_job` lists a live store, :func:`read_ring` reads its ring. Pure apart from those
+reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import MalformedKeyError, MalformedValueError
 from elastic_allreduce.records import keys
-from elastic_allreduce.records.keys import KeyKind
+from elastic_allreduce.records.keys import JobKey, KeyKind
 from elastic_allreduce.records.values import (
     Directive,
     ExitRecord,
@@ -103,70 +104,56 @@ class JobSnapshot:
         )
 
 
-def parse_job(items: Iterable[StoredValue], revision: int) -> JobSnapshot:  # noqa: PLR0912
+#: Each key kind with one key per job: its record's parser and the JobSnapshot field it fills.
+_SINGLE: Final[Mapping[KeyKind, tuple[str, Callable[[str, JsonValue], object]]]] = {
+    KeyKind.LEADER: ("leader", LeaderRecord.from_json),
+    KeyKind.JOB_CONFIG: ("config", JobConfig.from_json),
+    KeyKind.SCALE_TARGET: ("target", ScaleTarget.from_json),
+    KeyKind.RING: ("ring", Ring.from_json),
+    KeyKind.JOB_STATUS: ("status", JobStatus.from_json),
+    KeyKind.PROGRESS: ("progress", Progress.from_json),
+    KeyKind.RANKS: ("ranks", RanksRecord.from_json),
+    KeyKind.HANG: ("hang", HangRecord.from_json),
+}
+
+
+def _exit_index(key: JobKey) -> tuple[str, int] | None:
+    return (key.slot, key.incarnation) if key.slot and key.incarnation else None
+
+
+#: Each key kind of a family (``members/<node>``, ...): its parser, the JobSnapshot field it
+#: fills, and the entry's index there (from the key's parts; None: the key is not indexed).
+_FAMILIES: Final[
+    Mapping[KeyKind, tuple[str, Callable[[str, JsonValue], object], Callable[[JobKey], object]]]
+] = {
+    KeyKind.MEMBER: ("members", MemberRecord.from_json, lambda key: key.node),
+    KeyKind.PROC: ("procs", ProcRecord.from_json, lambda key: key.slot),
+    KeyKind.EXIT: ("exits", ExitRecord.from_json, _exit_index),
+    KeyKind.DIRECTIVE: ("directives", Directive.from_json, lambda key: key.node),
+}
+
+
+def parse_job(items: Iterable[StoredValue], revision: int) -> JobSnapshot:
     """The typed snapshot of these key-values (see the module docstring)."""
-    leader: Stored[LeaderRecord] | None = None
-    config: Stored[JobConfig] | None = None
-    target: Stored[ScaleTarget] | None = None
-    ring: Stored[Ring] | None = None
-    status: Stored[JobStatus] | None = None
-    progress: Stored[Progress] | None = None
-    ranks: Stored[RanksRecord] | None = None
-    hang: Stored[HangRecord] | None = None
-    members: dict[str, Stored[MemberRecord]] = {}
-    procs: dict[str, Stored[ProcRecord]] = {}
-    exits: dict[tuple[str, int], Stored[ExitRecord]] = {}
-    directives: dict[str, Stored[Directive]] = {}
+    #: JobSnapshot's fields by name (typed by the tables: a record of each field's own kind).
+    fields: dict[str, Any] = {name: {} for name, _, _ in _FAMILIES.values()}
     skipped: list[Skipped] = []
     for kv in items:
         try:
             job_key = keys.parse(kv.key)
             if kv.malformed is not None:
                 raise MalformedValueError(kv.key, kv.malformed)
-            kind, key, value = job_key.kind, kv.key, kv.value
-            if kind is KeyKind.MEMBER and job_key.node is not None:
-                members[job_key.node] = _stored(kv, MemberRecord.from_json(key, value))
-            elif kind is KeyKind.PROC and job_key.slot is not None:
-                procs[job_key.slot] = _stored(kv, ProcRecord.from_json(key, value))
-            elif kind is KeyKind.EXIT and job_key.slot and job_key.incarnation:
-                exit_key = (job_key.slot, job_key.incarnation)
-                exits[exit_key] = _stored(kv, ExitRecord.from_json(key, value))
-            elif kind is KeyKind.DIRECTIVE and job_key.node is not None:
-                directives[job_key.node] = _stored(kv, Directive.from_json(key, value))
-            elif kind is KeyKind.LEADER:
-                leader = _stored(kv, LeaderRecord.from_json(key, value))
-            elif kind is KeyKind.JOB_CONFIG:
-                config = _stored(kv, JobConfig.from_json(key, value))
-            elif kind is KeyKind.SCALE_TARGET:
-                target = _stored(kv, ScaleTarget.from_json(key, value))
-            elif kind is KeyKind.RING:
-                ring = _stored(kv, Ring.from_json(key, value))
-            elif kind is KeyKind.JOB_STATUS:
-                status = _stored(kv, JobStatus.from_json(key, value))
-            elif kind is KeyKind.PROGRESS:
-                progress = _stored(kv, Progress.from_json(key, value))
-            elif kind is KeyKind.RANKS:
-                ranks = _stored(kv, RanksRecord.from_json(key, value))
-            elif kind is KeyKind.HANG:
-                hang = _stored(kv, HangRecord.from_json(key, value))
+            if job_key.kind in _SINGLE:
+                name, parse = _SINGLE[job_key.kind]
+                fields[name] = _stored(kv, parse(kv.key, kv.value))
+            elif job_key.kind in _FAMILIES:
+                name, parse, index = _FAMILIES[job_key.kind]
+                where = index(job_key)
+                if where is not None:
+                    fields[name][where] = _stored(kv, parse(kv.key, kv.value))
         except (MalformedKeyError, MalformedValueError) as exc:
             skipped.append(Skipped(kv.key, kv.mod_revision, exc.reason))
-    return JobSnapshot(
-        revision,
-        leader,
-        config,
-        target,
-        ring,
-        status,
-        progress,
-        ranks,
-        hang,
-        members=members,
-        procs=procs,
-        exits=exits,
-        directives=directives,
-        skipped=tuple(skipped),
-    )
+    return JobSnapshot(revision, **fields, skipped=tuple(skipped))
 
 
 def _stored(kv: StoredValue, record: _R) -> Stored[_R]:
@@ -177,6 +164,13 @@ def read_job(store: Store) -> JobSnapshot:
     """List the store's job prefix and parse it (one read, at one revision)."""
     snapshot = store.get_prefix("")
     return parse_job(snapshot, snapshot.revision)
+
+
+def read_ring(store: Store) -> Ring | None:
+    """The job's ring as the store holds it now (None: no ring yet). Raises
+    MalformedValueError for a value that does not parse."""
+    stored = store.get(keys.RING)
+    return None if stored is None else Ring.from_json(stored.key, stored.value)
 
 
 class SkipReporter:

@@ -49,17 +49,13 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import horovod.tensorflow as hvd
+import horovod.tensorflow.keras.elastic as hvd_keras_elastic
 import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 from horovod.common.exceptions import HostsUpdatedInterrupt
 from horovod.tensorflow.elastic import TensorFlowKerasState
 from horovod.tensorflow.functions import broadcast_variables
-from horovod.tensorflow.keras.elastic import (
-    CommitStateCallback,
-    UpdateBatchStateCallback,
-    UpdateEpochStateCallback,
-)
 from typing_extensions import Unpack
 
 from elastic_allreduce import env, progress, runtime
@@ -72,7 +68,7 @@ from elastic_allreduce.errors import ConfigError, StateValueError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import Progress
 from elastic_allreduce.store.latest import LatestValueWriter
-from elastic_allreduce.training import collective_clock, loop, tensorboard, warm
+from elastic_allreduce.training import API, collective_clock, loop, tensorboard, warm
 from elastic_allreduce.training.audit import SampleLog
 from elastic_allreduce.training.data import (
     ArraySource,
@@ -677,31 +673,12 @@ def _no_pickles(obj: object, root_rank: int = 0) -> object:
     )
 
 
-__all__ = [
-    "ArraySource",
-    "Batch",
-    "CommitStateCallback",
-    "DistributedGradientTape",
-    "DistributedOptimizer",
-    "ElasticData",
-    "KerasFeed",
-    "RecordSource",
-    "ScaleLearningRate",
-    "Source",
-    "State",
-    "TFRecordSource",
-    "UpdateBatchStateCallback",
-    "UpdateEpochStateCallback",
-    "allreduce",
-    "init",
-    "local_rank",
-    "local_size",
-    "rank",
-    "run",
-    "shutdown",
-    "size",
-    "warm_up",
-]
+__all__ = list(API)
+
+#: Horovod's Keras state callbacks, unchanged, as ``ea.*``.
+CommitStateCallback = hvd_keras_elastic.CommitStateCallback
+UpdateBatchStateCallback = hvd_keras_elastic.UpdateBatchStateCallback
+UpdateEpochStateCallback = hvd_keras_elastic.UpdateEpochStateCallback
 
 
 def _progress_writer() -> LatestValueWriter:

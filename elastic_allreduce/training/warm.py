@@ -66,7 +66,7 @@ def defer(admit: Admit) -> None:
     for name in _PEER_VARIABLES:
         if name in os.environ:
             _peers[name] = os.environ.pop(name)
-    os.environ.pop("HOROVOD_ELASTIC", None)
+    os.environ.pop(env.HOROVOD_ELASTIC, None)
     _pending[:] = [admit]
     _started[:] = [time.monotonic()]
     _after_init_set_elastic()
@@ -168,7 +168,7 @@ def _after_init_set_elastic() -> None:
             original(self, *args, **kwargs)
         finally:
             if _pending:
-                os.environ["HOROVOD_ELASTIC"] = "1"
+                os.environ[env.HOROVOD_ELASTIC] = "1"
 
     init._elastic_allreduce_warm = True  # type: ignore[attr-defined]
     basics.init = init

@@ -1,5 +1,6 @@
 """This machine's network, as far as a node of a job needs it: its addresses, the interface
-that holds one, and the address it reaches another host from.
+that holds one, and the address it reaches another host from (also a training process's, for
+its IPv6 relay: :mod:`elastic_allreduce.bootstrap.ipv6`).
 
 ``elastic-run join`` uses :func:`source_address` and :func:`interface_of` so that a bare
 ``join --etcd E --job-id J`` advertises the address (and gives Gloo the interface) that routes
@@ -45,11 +46,15 @@ def interface_of(address: str, table: Mapping[str, list[str]] | None = None) -> 
     return None
 
 
-def source_address(host: str, port: int) -> str:
-    """The address this machine sends from to reach ``host:port`` (its route's source).
+_NO_ROUTE_ADVICE = "check the address and this host's network, or pass --host"
+
+
+def source_address(host: str, port: int, advice: str = _NO_ROUTE_ADVICE) -> str:
+    """The address this machine sends from to reach ``host:port`` (its route's source; an IPv6
+    link-local one with its ``%zone``).
 
     Nothing is sent: connecting a UDP socket only picks the route. ConfigError when no route
-    leads there or the name does not resolve.
+    leads there (``advice`` says what to do) or the name does not resolve.
     """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
@@ -65,8 +70,7 @@ def source_address(host: str, port: int) -> str:
                 continue
             return str(probe.getsockname()[0])
     raise ConfigError(
-        f"no route from this machine to {host} ({'; '.join(reasons) or 'no address'}): check "
-        "the address and this host's network, or pass --host"
+        f"no route from this machine to {host} ({'; '.join(reasons) or 'no address'}): {advice}"
     )
 
 
