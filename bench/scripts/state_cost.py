@@ -159,8 +159,8 @@ class TimedSnapshots(state_snapshots.SlotSnapshots):
 class TimedState(ea.State):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self._snapshots is not None:
-            self._snapshots = TimedSnapshots(self._snapshots.folder)
+        if self._commits.snapshots is not None:
+            self._commits.snapshots = TimedSnapshots(self._commits.snapshots.folder)
 
     def sync(self) -> None:
         seconds = timed(super().sync)
@@ -176,7 +176,7 @@ class StoreCosts:
 
     def __init__(self, state: ea.State) -> None:
         self.state = state
-        self.snapshots = state._snapshots
+        self.snapshots = state._commits.snapshots
         self.checkpoints = None
         if args.checkpoint_root and ea.rank() == 0:
             job_id = os.environ.get(env.JOB_ID)
@@ -218,11 +218,11 @@ class StoreCosts:
         and that snapshot's write: from the hand-off to the writer thread until written."""
         state, snapshots = self.state, self.snapshots
         state.wait_for_snapshot(SNAPSHOT_WAIT_S)  # no write of an earlier commit still running
-        state._snapshots = None
+        state._commits.snapshots = None
         try:
             self.times["commit_off"].append(timed(state.commit))
         finally:
-            state._snapshots = snapshots
+            state._commits.snapshots = snapshots
         if snapshots is None:
             return
         self.times["commit_on"].append(timed(state.commit))

@@ -40,8 +40,9 @@
 
    With ``--checkpoint-dir``, rank 0's every CHECKPOINT_EVERY-th commit is also a checkpoint
    in the job's folder, as ``elastic_allreduce.State`` writes them: the agent copies the
-   commit's snapshot there (:mod:`elastic_allreduce.commits.persistence`), or, without snapshots, a
-   thread of the process writes it; the first sync also considers the newest checkpoint. On
+   commit's snapshot there (:mod:`elastic_allreduce.commits.persistence`), or, without snapshots,
+   the process writes it at the commit; the first sync also considers the newest checkpoint. Both
+   states go through one :class:`elastic_allreduce.commits.pipeline.CommitPipeline`. On
    SIGTERM rank 0 writes its last commit there when it is newer than the newest checkpoint
    (after a copy under way), as ``elastic_allreduce.State`` does.
 2. ``horovod.tensorflow.elastic._reset`` (``shutdown()`` then ``init()``, which
@@ -100,7 +101,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from typing import Any, Final
 
@@ -118,8 +118,7 @@ from elastic_allreduce.agreement import sync
 from elastic_allreduce.bootstrap import gpu
 from elastic_allreduce.bootstrap.sockets import GlooSockets
 from elastic_allreduce.commits import snapshots as state_snapshots
-from elastic_allreduce.commits.checkpoint import CheckpointDir
-from elastic_allreduce.commits.persistence import AgentLink
+from elastic_allreduce.commits.pipeline import CommitPipeline
 from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.keys import split_slot
@@ -136,17 +135,10 @@ LEAVE_WAIT: Final = 5.0
 
 _PATCHED: Final = "_elastic_allreduce_patched"
 #: What the hooks keep on a Horovod state: its commits so far (the id of its last one), its
-#: snapshots (a state_snapshots.SlotSnapshots, or None outside a slot) and whether it synced.
+#: commit pipeline (commits.pipeline: snapshots, checkpoints) and whether it synced.
 _COMMIT_ID: Final = "_elastic_allreduce_commit_id"
-_SNAPSHOTS: Final = "_elastic_allreduce_snapshots"
+_PIPELINE: Final = "_elastic_allreduce_pipeline"
 _SYNCED: Final = "_elastic_allreduce_synced"
-#: And, with --checkpoint-dir, its checkpoint folder, rank 0's persister, the newest commit
-#: in the folder (0: none), the lock every write to it holds, and whether SIGTERM saves.
-_CHECKPOINTS: Final = "_elastic_allreduce_checkpoints"
-_PERSISTER: Final = "_elastic_allreduce_persister"
-_CHECKPOINTED: Final = "_elastic_allreduce_checkpointed"
-_CHECKPOINT_LOCK: Final = "_elastic_allreduce_checkpoint_lock"
-_SAVES_ON_SIGTERM: Final = "_elastic_allreduce_saves_on_sigterm"
 #: A Horovod state's checkpoint is every this many commits (its scripts pick when to commit;
 #: ``elastic_allreduce.State`` takes ``checkpoint_every``).
 CHECKPOINT_EVERY: Final = 10
@@ -280,38 +272,32 @@ def _sync(self: Any) -> None:  # noqa: ANN401
 
 def _commit(self: Any) -> None:  # noqa: ANN401
     """Horovod's commit (save, then the host-update check), counted as progress for the hang
-    watchdog and snapshotted in shared memory (off the critical path); attributes that are not
-    plain data raise StateValueError on every rank."""
+    watchdog and kept by the state's commit pipeline (a snapshot off the critical path, rank
+    0's checkpoint every CHECKPOINT_EVERY commits); attributes that are not plain data raise
+    StateValueError on every rank."""
     batch = getattr(self, "batch", None)
     progress.report_commit(batch if isinstance(batch, int) else None)
     self.save()
     refusal = sync.plain_commit(self)
     commit_id = _commit_id(self) + 1
     setattr(self, _COMMIT_ID, commit_id)
-    if not hasattr(self, _SAVES_ON_SIGTERM) and _checkpoints(self) is not None:
-        _checkpoint_lock(self)  # made here, not in the signal handler
-        saves = state_snapshots.save_on_sigterm(lambda: _write_last_commit(self))
-        setattr(self, _SAVES_ON_SIGTERM, saves)
-    snapshots = _snapshots(self)
-    persister = (
-        _persister(self)
-        if refusal is None and hvd.rank() == 0 and commit_id % CHECKPOINT_EVERY == 0
-        else None
-    )
-    if refusal is None and snapshots is not None:
-        snapshots.submit(self, commit_id, dict(self._saved_state), persister)
-    elif persister is not None:
-        arrays = state_snapshots.committed_arrays(self)
-        if arrays is not None:
-            persister.submit((commit_id, arrays, dict(self._saved_state)), from_snapshot=False)
+    pipeline = _pipeline(self)
+    if refusal is None:
+        checkpoint = (
+            pipeline.checkpoints is not None
+            and hvd.rank() == 0
+            and commit_id % CHECKPOINT_EVERY == 0
+        )
+        if checkpoint:
+            pipeline.prepare_checkpoints()
+        pipeline.keep(commit_id, dict(self._saved_state), checkpoint=checkpoint)
     sync.check_host_updates(self, refusal, at_commit=True)
 
 
 def _wait_for_snapshot(self: Any, timeout: float = 10.0) -> bool:  # noqa: ANN401
     """Wait up to ``timeout`` seconds until the last commit is in this slot's snapshot folder
     (written, or skipped as too big or failed); whether it is (True without snapshots)."""
-    snapshots = _snapshots(self)
-    return snapshots is None or snapshots.wait(timeout)
+    return _pipeline(self).wait_for_snapshot(timeout)
 
 
 def _commit_id(state: Any) -> int:  # noqa: ANN401
@@ -320,106 +306,25 @@ def _commit_id(state: Any) -> int:  # noqa: ANN401
     return int(getattr(state, _COMMIT_ID, 0))
 
 
-def _snapshots(state: Any) -> state_snapshots.SlotSnapshots | None:  # noqa: ANN401
-    """The state's snapshots in this slot's folder (made at the first call), or None."""
-    if not hasattr(state, _SNAPSHOTS):
-        snapshots = state_snapshots.SlotSnapshots.for_slot()
-        if snapshots is not None:
-            snapshots.prepare()
-        setattr(state, _SNAPSHOTS, snapshots)
-    found: state_snapshots.SlotSnapshots | None = getattr(state, _SNAPSHOTS)
-    return found
-
-
-def _checkpoints(state: Any) -> CheckpointDir | None:  # noqa: ANN401
-    """The job's checkpoint folder (made at the first call), or None without --checkpoint-dir."""
-    if not hasattr(state, _CHECKPOINTS):
-        setattr(state, _CHECKPOINTS, state_snapshots.job_checkpoints())
-    found: CheckpointDir | None = getattr(state, _CHECKPOINTS)
-    return found
-
-
-def _persister(state: Any) -> state_snapshots.CheckpointPersister | None:  # noqa: ANN401
-    """Rank 0's persister of checkpoints (made at the first call), or None without a
-    checkpoint folder."""
-    if not hasattr(state, _PERSISTER):
-        checkpoints = _checkpoints(state)
-        persister = None
-        if checkpoints is not None:
-            checkpoints.prepare()
-            persister = state_snapshots.CheckpointPersister(
-                checkpoints,
-                AgentLink.from_env(),
-                state_snapshots.state_fingerprint(state),
-                _checkpoint_lock(state),
-                lambda commit_id: _note_checkpointed(state, commit_id),
-            )
-        setattr(state, _PERSISTER, persister)
-    found: state_snapshots.CheckpointPersister | None = getattr(state, _PERSISTER)
-    return found
-
-
-def _checkpoint_lock(state: Any) -> threading.RLock:  # noqa: ANN401
-    """The lock of every write to the state's checkpoint folder (made at the first call)."""
-    if not hasattr(state, _CHECKPOINT_LOCK):
-        setattr(state, _CHECKPOINT_LOCK, threading.RLock())
-    lock: threading.RLock = getattr(state, _CHECKPOINT_LOCK)
-    return lock
-
-
-def _checkpointed(state: Any) -> int:  # noqa: ANN401
-    """The newest commit in the state's checkpoint folder (0: none)."""
-    return int(getattr(state, _CHECKPOINTED, 0))
-
-
-def _note_checkpointed(state: Any, commit_id: int) -> None:  # noqa: ANN401
-    """``commit_id`` is in the checkpoint folder (persisted, written or loaded)."""
-    setattr(state, _CHECKPOINTED, max(_checkpointed(state), commit_id))
-
-
-def _write_last_commit(state: Any) -> None:  # noqa: ANN401
-    """SIGTERM on rank 0: the last commit (the saved copy, not the live variables, which may
-    be steps past it) to the checkpoint folder, unless it is there already."""
-    checkpoints = _checkpoints(state)
-    commit_id = _commit_id(state)
-    try:
-        rank = hvd.rank()
-    except ValueError:  # between a reset's shutdown and init: no rank to speak for
-        return
-    if checkpoints is None or rank != 0 or commit_id <= _checkpointed(state):
-        return
-    persister: state_snapshots.CheckpointPersister | None = getattr(state, _PERSISTER, None)
-    if persister is not None:
-        # A copy of the agent's under way ends before the agent sends SIGTERM; its answer may
-        # not have been read yet.
-        persister.flush(state_snapshots.SIGTERM_PERSIST_WAIT)
-    arrays = state_snapshots.committed_arrays(state)
-    if arrays is None:
-        return  # the optimizer has not stepped since the commit: nothing to write yet
-    with _checkpoint_lock(state):
-        if commit_id <= _checkpointed(state):
-            return
-        log.warning("SIGTERM: writing the last commit (%d) before exiting", commit_id)
-        attributes = dict(state._saved_state)
-        checkpoints.prepare()
-        written = checkpoints.write(
-            commit_id, arrays, attributes, state_snapshots.state_fingerprint(state)
-        )
-        if written is not None:
-            _note_checkpointed(state, commit_id)
+def _pipeline(state: Any) -> CommitPipeline:  # noqa: ANN401
+    """The state's commit pipeline, made at the first call (from the main thread: with
+    --checkpoint-dir it then writes the last commit on SIGTERM)."""
+    pipeline: CommitPipeline | None = getattr(state, _PIPELINE, None)
+    if pipeline is None:
+        pipeline = CommitPipeline.for_slot(state, state_snapshots.job_checkpoints())
+        setattr(state, _PIPELINE, pipeline)
+        if pipeline.checkpoints is not None:
+            pipeline.save_on_sigterm(lambda: _commit_id(state))
+    return pipeline
 
 
 def _load_snapshot(state: Any) -> None:  # noqa: ANN401
     """Make the state the newest usable commit of this slot's snapshot and the job's
     checkpoints, when there is one (the sync that follows decides, by commit id, whether it or
     a peer's state wins)."""
-    snapshots = _snapshots(state)
-    sources = (None if snapshots is None else snapshots.folder, _checkpoints(state))
-    resumed = state_snapshots.load_newest(state, sources)
-    if resumed is not None:
-        setattr(state, _COMMIT_ID, resumed[0].checkpoint.commit_id)
-        if resumed[1] is sources[1]:
-            _note_checkpointed(state, resumed[0].checkpoint.commit_id)
+    commit_id = _pipeline(state).load_newest()
+    if commit_id is not None:
+        setattr(state, _COMMIT_ID, commit_id)
 
 
 def _check_host_updates(self: Any) -> None:  # noqa: ANN401

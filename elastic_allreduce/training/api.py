@@ -43,7 +43,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -63,7 +62,7 @@ from elastic_allreduce.agreement import plain, sync
 from elastic_allreduce.agreement.sync import agree
 from elastic_allreduce.commits import snapshots as state_snapshots
 from elastic_allreduce.commits.checkpoint import CheckpointDir
-from elastic_allreduce.commits.persistence import AgentLink
+from elastic_allreduce.commits.pipeline import CommitPipeline
 from elastic_allreduce.errors import ConfigError, StateValueError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import Progress
@@ -417,33 +416,23 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             else None
         )
         self._checkpoint_every = checkpoint_every
-        self._snapshots = state_snapshots.SlotSnapshots.for_slot()
-        #: Rank 0's checkpoints off the critical path (made at its first checkpoint) when the
-        #: slot has snapshots: the agent persists them, or this process's thread writes them.
-        self._persister: state_snapshots.CheckpointPersister | None = None
-        #: Held by every checkpoint write of this process (the persister's, SIGTERM's).
-        self._checkpoint_lock = threading.RLock()
         self._reporter: LatestValueWriter | None = None
         attributes = plain.plain_attributes(kwargs)
         super().__init__(model, optimizer, commit_id=0, **attributes)
         # Horovod's way to send objects between ranks (cloudpickle); this class never uses it.
         self._bcast_object = _no_pickles
-        #: The newest commit on disk (0: none).
-        self._checkpointed = 0
-        if self._snapshots is not None:
-            # This slot's folder, written by this process only: a killed predecessor's staging
-            # leftover goes now (it holds shared memory).
-            self._snapshots.prepare()
+        #: Where the commits go: snapshots, checkpoints (commits.pipeline).
+        self._commits = CommitPipeline.for_slot(self, self._checkpoints)
         #: Whether rank 0 has cleaned the checkpoint folder up (if this is rank 0): a warm
         #: joiner is rank 0 of a ring of its own until it joins, and does it then (at its
         #: first reset) if it is rank 0 of the ring (elastic_allreduce.training.warm).
         self._checkpoint_folder_checked = not warm.provisional()
         if self._checkpoint_folder_checked and self._checkpoints is not None and hvd.rank() == 0:
             # The only writer: a crashed writer's staging leftovers go now.
-            self._checkpoints.prepare()
-        self._load_newest()
+            self._commits.prepare_checkpoints()
+        self._commits.load_newest()
         if self._checkpoints is not None:
-            state_snapshots.save_on_sigterm(self._write_last_commit)
+            self._commits.save_on_sigterm(lambda: int(self._saved_state.get("commit_id", 0)))
         self._on_resize = on_resize
         self._size = hvd.size()
         if on_resize is not None:
@@ -476,20 +465,9 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
                 and self._checkpoints is not None
                 and self.commit_id % self._checkpoint_every == 0
             )
-            if self._snapshots is not None:
-                # Written on a thread of its own: a commit superseded before it is, is skipped;
-                # a checkpoint is persisted from the snapshot afterwards, off the critical path.
-                self._snapshots.submit(
-                    self,
-                    self.commit_id,
-                    dict(self._saved_state),
-                    self._checkpoint_persister() if checkpoint else None,
-                )
+            self._commits.keep(self.commit_id, dict(self._saved_state), checkpoint=checkpoint)
             if hvd.rank() == 0:
                 self._report()
-                if checkpoint and self._snapshots is None and self._checkpoints is not None:
-                    with progress.phase("checkpoint"):
-                        self._write_checkpoint(self._checkpoints)
             if self._summaries is not None:
                 self._summaries.on_commit(self._current_step())
         try:
@@ -524,7 +502,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         if not self._checkpoint_folder_checked and self._checkpoints is not None:
             self._checkpoint_folder_checked = True
             if hvd.rank() == 0:
-                self._checkpoints.prepare()
+                self._commits.prepare_checkpoints()
         super().on_reset()
         size = hvd.size()
         if self._on_resize is not None and size != self._size:
@@ -578,90 +556,17 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def _arrays(self) -> list[Any]:
-        return state_snapshots.live_variables(self)
-
-    def _build_optimizer(self) -> None:
-        """Give an optimizer that has not stepped yet the variables a first step creates
-        (unchanged values), so that checkpoints written and read hold the same variables."""
-        state_snapshots.build_optimizer(self)
-
-    def _fingerprint(self) -> str:
-        """The state's shape as checkpoints record it (see checkpoint.fingerprint)."""
-        return state_snapshots.state_fingerprint(self)
-
-    def _write_checkpoint(self, checkpoints: CheckpointDir) -> None:
-        """Write the last commit; a failed write is skipped with a warning (never raises but
-        ConfigError for attributes that are not JSON values)."""
-        self._build_optimizer()
-        arrays = [np.asarray(v.numpy()) for v in self._arrays()]
-        commit_id = self.commit_id
-        with self._checkpoint_lock:
-            if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
-                self._checkpointed = commit_id
-
-    def _checkpoint_persister(self) -> state_snapshots.CheckpointPersister:
-        """Rank 0's persister of checkpoints (made at the first call)."""
-        if self._persister is None:
-            assert self._checkpoints is not None
-            self._persister = state_snapshots.CheckpointPersister(
-                self._checkpoints,
-                AgentLink.from_env(),
-                self._fingerprint(),
-                self._checkpoint_lock,
-                self._persisted,
-            )
-        return self._persister
-
-    def _persisted(self, commit_id: int) -> None:
-        """The persister's news: ``commit_id`` is in the checkpoint folder."""
-        self._checkpointed = max(self._checkpointed, commit_id)
-
     def wait_for_checkpoint(self, timeout: float = 60.0) -> bool:
         """Wait up to ``timeout`` seconds until the last checkpoint asked for is in the
         checkpoint folder (persisted by the agent or written here, or skipped); whether it is.
         True at once when checkpoints are written at the commit itself (no snapshots)."""
-        if not self.wait_for_snapshot(timeout):
-            return False
-        return self._persister is None or self._persister.flush(timeout)
+        return self._commits.wait_for_checkpoint(timeout)
 
     def wait_for_snapshot(self, timeout: float = 10.0) -> bool:
         """Wait up to ``timeout`` seconds until the last commit is in this slot's snapshot
         folder (written, or skipped as too big or failed); whether it is. True at once without
         snapshots (outside elastic-run)."""
-        return self._snapshots is None or self._snapshots.wait(timeout)
-
-    def _write_last_commit(self) -> None:
-        """Rank 0: the last commit (the saved copy, not the live variables, which may be steps
-        past it) to the checkpoint folder, unless it is there already."""
-        checkpoints = self._checkpoints
-        commit_id = int(self._saved_state.get("commit_id", 0))
-        if checkpoints is None or hvd.rank() != 0 or commit_id <= self._checkpointed:
-            return
-        if self._persister is not None:
-            # A checkpoint persisted meanwhile (the agent finishes its copy before it sends
-            # SIGTERM): its answer may not have been read yet.
-            self._persister.flush(state_snapshots.SIGTERM_PERSIST_WAIT)
-        saved = [*self._saved_model_state, *self._saved_optimizer_state]
-        if len(saved) != len(self._arrays()):
-            return  # the optimizer has not stepped since the commit: nothing to write yet
-        with self._checkpoint_lock:
-            if commit_id <= self._checkpointed:
-                return
-            log.warning("SIGTERM: writing the last commit (%d) before exiting", commit_id)
-            arrays = [np.asarray(value) for value in saved]
-            if checkpoints.write(commit_id, arrays, dict(self._saved_state), self._fingerprint()):
-                self._checkpointed = commit_id
-
-    def _load_newest(self) -> None:
-        """Take the newest usable commit of this job: this slot's snapshot or the newest
-        checkpoint, whichever holds the higher commit id (the other if that one is unusable;
-        both pass the same job and fingerprint checks; the snapshot first on a tie, memory is
-        faster to read)."""
-        snapshots = None if self._snapshots is None else self._snapshots.folder
-        resumed = state_snapshots.load_newest(self, (snapshots, self._checkpoints))
-        if resumed is not None and resumed[1] is self._checkpoints:
-            self._checkpointed = resumed[0].checkpoint.commit_id
+        return self._commits.wait_for_snapshot(timeout)
 
 
 def _no_pickles(obj: object, root_rank: int = 0) -> object:
