@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from elastic_allreduce import logprefix
+from elastic_allreduce._process import merged_output
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "bench" / "scripts"
@@ -83,13 +84,7 @@ def start_lines(command: Sequence[str], env: dict[str, str] | None = None) -> su
         list(command),
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        bufsize=1,
-        start_new_session=True,
+        **merged_output(text=True),
     )
 
 

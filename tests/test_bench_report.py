@@ -11,6 +11,7 @@ from typing import Any
 
 from bench import report
 from bench.jobs import summarize
+from bench.report import observability
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -439,7 +440,7 @@ def test_the_soak_section_outlives_a_bench_run(tmp_path: Path) -> None:
     the same folder, stays (once)."""
     results_dir = tmp_path / "results"
     results_dir.mkdir()
-    recorded = Path(report.__file__).parent / "results" / "soak.json"
+    recorded = Path(report.__file__).parent.parent / "results" / "soak.json"
     (results_dir / "soak.json").write_text(recorded.read_text())
     markdown = tmp_path / "RESULTS.md"
     for _ in range(2):
@@ -453,8 +454,8 @@ def test_the_soak_section_outlives_a_bench_run(tmp_path: Path) -> None:
 def test_the_observability_rounds_are_called_noisy_only_for_other_work() -> None:
     """The load after the rounds includes their own jobs: only the one before them says that
     other work ran beside them."""
-    quiet = report._observability_load({"load_average": {"start": 0.99, "end": 3.5}, "cores": 2})
-    busy = report._observability_load({"load_average": {"start": 7.65, "end": 12.7}, "cores": 2})
+    quiet = observability.machine_load({"load_average": {"start": 0.99, "end": 3.5}, "cores": 2})
+    busy = observability.machine_load({"load_average": {"start": 7.65, "end": 12.7}, "cores": 2})
     assert "busier" not in quiet[0] and "3.50 after them (their own jobs included)." in quiet[0]
     assert "other work kept the machine busier than its 2 cores" in busy[0]
 

@@ -17,9 +17,9 @@ measured the same way (:func:`bench.jobs.step_rate`):
 * B, not observed: neither flag (the same script: ``attach`` finds no directory and adds no
   listener) and nothing scraping.
 
-Within a round the order alternates (A B, then B A, ...). Overhead = (1 - median(A) /
-median(B)) x 100 %. A round of A that wrote no event file or answered no scrape is a failure
-(the A/B would compare nothing).
+Within a round the order alternates (A B, then B A, ...: :func:`bench.rounds.alternate`).
+Overhead = (1 - median(A) / median(B)) x 100 %. A round of A that wrote no event file or answered
+no scrape is a failure (the A/B would compare nothing).
 
 On a small shared machine the rounds' own spread is often larger than 1 %, so the item also
 times the costs directly: rank 0's step listener per call and one flush of ``FLUSH_SECONDS`` of
@@ -49,7 +49,7 @@ from typing import Any
 
 from bench.horovodrun_baseline import MANY_STEPS, WORKLOAD
 from bench.items.context import Context
-from bench.items.throughput import PARAMS, twice
+from bench.items.throughput import PARAMS
 from bench.jobs import (
     ROOT,
     SCRIPTS,
@@ -57,10 +57,10 @@ from bench.jobs import (
     BenchError,
     ElasticRunJob,
     Record,
-    log,
     step_rate,
     summarize,
 )
+from bench.rounds import ab_figures, alternate, rates
 from elastic_allreduce.records.values import JobSettings
 from launcher.observe.metrics import JobMetrics
 from launcher.observe.observer import JobObserver, ObserverSettings
@@ -272,17 +272,6 @@ def summaries_cost(steps_per_s: float, timeout: float = 300.0) -> dict[str, floa
     return figures
 
 
-def _spread(values: list[float]) -> float:
-    """(max - min) / median of the rounds of one side; 0 with a single round."""
-    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
-
-
-def _per_cpu(rounds: list[dict[str, float]]) -> float | None:
-    """Median over rounds of steps/s per core the training processes used."""
-    ratios = [r["steps_per_s"] / r["workers_cpu"] for r in rounds if r["workers_cpu"] > 0]
-    return statistics.median(ratios) if ratios else None
-
-
 def _direct(
     summaries: dict[str, float], metrics: dict[str, float], steps_per_s: float, process_cpu: float
 ) -> dict[str, Any]:
@@ -319,19 +308,15 @@ def run(ctx: Context) -> dict[str, Any]:
     rounds = ctx.pick(2, 3)
     seconds = ctx.pick(5.0, 20.0)
     load_start = os.getloadavg()[0]
-    on: list[dict[str, float]] = []
-    off: list[dict[str, float]] = []
-    for round_ in range(rounds):
-        order = (True, False) if round_ % 2 == 0 else (False, True)
-        for observed in order:
-            measured = twice(functools.partial(_rate, ctx, seconds, observed))
-            (on if observed else off).append(measured)
-        log(f"observability round {round_}: observed {on[-1]}, not observed {off[-1]}")
-    a = [r["steps_per_s"] for r in on]
-    b = [r["steps_per_s"] for r in off]
-    ratio = statistics.median(a) / statistics.median(b)
-    overhead = (1.0 - ratio) * 100.0
-    per_cpu_on, per_cpu_off = _per_cpu(on), _per_cpu(off)
+    on, off = alternate(
+        rounds,
+        functools.partial(_rate, ctx, seconds),
+        what="observability",
+        on="observed",
+        off="not observed",
+    )
+    a, b = rates(on), rates(off)
+    measured = ab_figures(on, off)
     process_cpu = statistics.median([r["workers_cpu"] for r in off]) / 2
     load_end = os.getloadavg()[0]
     direct = _direct(
@@ -358,27 +343,11 @@ def run(ctx: Context) -> dict[str, Any]:
         "scrape_wall_s": summarize([r["scrape_wall_s"] for r in on]),
         "metrics_bytes": max(r["metrics_bytes"] for r in on),
         "event_bytes": summarize([r["event_bytes"] for r in on]),
-        # observed / not of medians, and of each round's pair.
-        "ratio": ratio,
-        "round_ratios": [x / y for x, y in zip(a, b, strict=True)],
-        "overhead_pct": overhead,
-        "round_overheads_pct": [(1.0 - x / y) * 100.0 for x, y in zip(a, b, strict=True)],
-        # The rounds' own noise: the larger relative spread (max - min) / median of one side.
-        "noise_pct": max(_spread(a), _spread(b)) * 100.0,
-        # Steps per CPU-second of the training processes (rank 0's summaries included).
-        "steps_per_cpu_s": {"on": per_cpu_on, "off": per_cpu_off},
-        "per_cpu_overhead_pct": (
-            (1.0 - per_cpu_on / per_cpu_off) * 100.0 if per_cpu_on and per_cpu_off else None
-        ),
+        # The A/B figures (bench/rounds.py); the training processes' CPU includes rank 0's
+        # summaries, and the rest of the CPU (launcher with its dashboard server, agents, etcd)
+        # answers the scrapes.
+        **measured,
         "direct": direct,
-        # CPU in cores during the measured windows: the training processes, and the rest
-        # (launcher with its dashboard server, agents, etcd).
-        "cpu": {
-            "on_workers": summarize([r["workers_cpu"] for r in on]),
-            "on_others": summarize([r["others_cpu"] for r in on]),
-            "off_workers": summarize([r["workers_cpu"] for r in off]),
-            "off_others": summarize([r["others_cpu"] for r in off]),
-        },
         "target_overhead_pct": TARGET_OVERHEAD_PCT,
-        "met": overhead <= TARGET_OVERHEAD_PCT,
+        "met": measured["overhead_pct"] <= TARGET_OVERHEAD_PCT,
     }

@@ -12,8 +12,9 @@ rounds, a fresh job per round, measured the same way (:func:`bench.jobs.step_rat
 * B, reporting off: ``ELASTIC_ALLREDUCE_PROGRESS_INTERVAL=0`` (no beacon thread) and no
   per-step call.
 
-Within a round the order alternates (A B, then B A, ...), so a load that drifts during the run
-does not always favour the same side. Overhead = (1 - median(A) / median(B)) x 100 %.
+Within a round the order alternates (A B, then B A, ...: :func:`bench.rounds.alternate`), so a
+load that drifts during the run does not always favour the same side. Overhead = (1 - median(A) /
+median(B)) x 100 %.
 
 On a small shared machine the rounds' own spread is often larger than 1 %, so the item also
 times the reporting directly, in the suite's process (:func:`direct_cost`): the CPU of one
@@ -32,8 +33,9 @@ from typing import Any
 
 from bench.horovodrun_baseline import MANY_STEPS, WORKLOAD
 from bench.items.context import Context
-from bench.items.throughput import PARAMS, twice
-from bench.jobs import ElasticRunJob, log, step_rate, summarize
+from bench.items.throughput import PARAMS
+from bench.jobs import ElasticRunJob, step_rate, summarize
+from bench.rounds import ab_figures, alternate, rates
 from elastic_allreduce import env as ea_env
 from elastic_allreduce import progress
 from elastic_allreduce.progress import REPORT_INTERVAL
@@ -107,34 +109,19 @@ def direct_cost(steps: int = 200_000, reports: int = 300) -> dict[str, float]:
     return {"report_step_cpu_s": per_step, "report_cpu_s": per_report}
 
 
-def _spread(values: list[float]) -> float:
-    """(max - min) / median of the rounds of one side; 0 with a single round."""
-    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
-
-
-def _per_cpu(rounds: list[dict[str, float]]) -> float | None:
-    """Median over rounds of steps/s per core the training processes used (beacon included)."""
-    ratios = [r["steps_per_s"] / r["workers_cpu"] for r in rounds if r["workers_cpu"] > 0]
-    return statistics.median(ratios) if ratios else None
-
-
 def run(ctx: Context) -> dict[str, Any]:
     """Alternating rounds with the reporting on (A) and off (B); the overhead of A."""
     rounds = ctx.pick(2, 3)
     seconds = ctx.pick(5.0, 20.0)
-    on: list[dict[str, float]] = []
-    off: list[dict[str, float]] = []
-    for round_ in range(rounds):
-        order = (True, False) if round_ % 2 == 0 else (False, True)
-        for reporting in order:
-            measured = twice(functools.partial(_rate, ctx, seconds, reporting))
-            (on if reporting else off).append(measured)
-        log(f"progress round {round_}: reporting on {on[-1]}, off {off[-1]}")
-    a = [r["steps_per_s"] for r in on]
-    b = [r["steps_per_s"] for r in off]
-    ratio = statistics.median(a) / statistics.median(b)
-    overhead = (1.0 - ratio) * 100.0
-    per_cpu_on, per_cpu_off = _per_cpu(on), _per_cpu(off)
+    on, off = alternate(
+        rounds,
+        functools.partial(_rate, ctx, seconds),
+        what="progress",
+        on="reporting on",
+        off="off",
+    )
+    a, b = rates(on), rates(off)
+    measured = ab_figures(on, off)
     direct = direct_cost()
     # CPU seconds per second the reporting costs one training process at A's step rate, and
     # its share of what one training process uses with the reporting off (B, 2 processes).
@@ -155,19 +142,10 @@ def run(ctx: Context) -> dict[str, Any]:
         "reporting_off": summarize(b),
         "on_env": REPORTING_ON,
         "off_env": REPORTING_OFF,
-        # on / off of medians, and of each round's pair.
-        "ratio": ratio,
-        "round_ratios": [x / y for x, y in zip(a, b, strict=True)],
-        "overhead_pct": overhead,
-        "round_overheads_pct": [(1.0 - x / y) * 100.0 for x, y in zip(a, b, strict=True)],
-        # The rounds' own noise: the larger relative spread (max - min) / median of one side.
-        "noise_pct": max(_spread(a), _spread(b)) * 100.0,
-        # Steps per CPU-second of the training processes (their beacon thread included): less
-        # sensitive to what else the machine runs than steps/s.
-        "steps_per_cpu_s": {"on": per_cpu_on, "off": per_cpu_off},
-        "per_cpu_overhead_pct": (
-            (1.0 - per_cpu_on / per_cpu_off) * 100.0 if per_cpu_on and per_cpu_off else None
-        ),
+        # The A/B figures (bench/rounds.py); the training processes' CPU includes their beacon
+        # thread, and the rest of the CPU (launcher with its rendezvous server, agents, etcd)
+        # serves the reports.
+        **measured,
         # The reporting's CPU timed directly (see direct_cost), per training process.
         "direct": {
             **direct,
@@ -175,14 +153,6 @@ def run(ctx: Context) -> dict[str, Any]:
             "process_cpu_s_per_s": process_cpu,
             "overhead_pct": direct_cpu / process_cpu * 100.0 if process_cpu > 0 else None,
         },
-        # CPU in cores during the measured windows: the training processes, and the rest
-        # (launcher with its rendezvous server, agents, etcd), which serves the reports.
-        "cpu": {
-            "on_workers": summarize([r["workers_cpu"] for r in on]),
-            "on_others": summarize([r["others_cpu"] for r in on]),
-            "off_workers": summarize([r["workers_cpu"] for r in off]),
-            "off_others": summarize([r["others_cpu"] for r in off]),
-        },
         "target_overhead_pct": TARGET_OVERHEAD_PCT,
-        "met": overhead <= TARGET_OVERHEAD_PCT,
+        "met": measured["overhead_pct"] <= TARGET_OVERHEAD_PCT,
     }
