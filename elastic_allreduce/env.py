@@ -1,8 +1,11 @@
-"""Names of the environment variables elastic-allreduce reads, all in one place."""
+"""Names of the environment variables elastic-allreduce reads, all in one place (those an agent
+gives its training processes are read back as one record: elastic_allreduce.runtime's
+ProcessContract)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Final
 
 from elastic_allreduce.errors import ConfigError
@@ -138,7 +141,14 @@ NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 def seconds(name: str, default: float, *, below: float, hint: str) -> float:
     """The number of seconds in variable ``name`` (``default`` when unset): at least 0 and
     below ``below``, else one ConfigError naming the variable, the value and ``hint``."""
-    raw = os.environ.get(name, str(default))
+    return seconds_in(os.environ, name, default, below=below, hint=hint)
+
+
+def seconds_in(
+    environ: Mapping[str, str], name: str, default: float, *, below: float, hint: str
+) -> float:
+    """:func:`seconds` of the variable ``name`` of ``environ``."""
+    raw = environ.get(name, str(default))
     try:
         value = float(raw)
     except ValueError:

@@ -33,7 +33,8 @@ from launcher.k8s import cli as k8s_cli
 from launcher.k8s.mode import KubernetesMode
 from launcher.k8s.mode import run_job as run_in_kubernetes
 from launcher.leader.job import JobResult, Launcher, LaunchSettings
-from launcher.node.agent import Agent, resolve_command
+from launcher.node.agent import Agent
+from launcher.node.processes import resolve_command
 from launcher.observe.observer import (
     JobObserver,
     add_observer_flags,

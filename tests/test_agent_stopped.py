@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from launcher.node.agent import process_state
+from launcher.node.processes import process_state
 
 
 def test_the_state_letter_follows_stop_and_continue() -> None:

@@ -14,7 +14,7 @@ from elastic_allreduce import netinfo
 from elastic_allreduce.errors import ConfigError, MalformedValueError
 from elastic_allreduce.records.values import JobConfig, JobSettings, OnStateLoss
 from launcher import job_options
-from launcher.node.agent import check_command, resolve_command, slot_devices
+from launcher.node.processes import check_command, resolve_command, slot_devices
 
 # -- CUDA devices --------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from elastic_allreduce.records.values import (
     STATE_MISMATCH_EXIT_CODE,
     ScriptError,
 )
-from launcher.node.agent import MAX_ERROR_FILE, read_script_error
+from launcher.node.processes import MAX_ERROR_FILE, read_script_error
 
 
 class DataError(Exception):

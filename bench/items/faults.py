@@ -42,7 +42,7 @@ from elastic_allreduce.errors import ElasticAllreduceError
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.values import EpochCause, ProcRecord, Ring, RingState
 from elastic_allreduce.store import EtcdStore, EventType
-from launcher.node.agent import STATE_CHECK_INTERVAL, STOPPED_LIMIT
+from launcher.node.processes import STATE_CHECK_INTERVAL, STOPPED_LIMIT
 
 PARAMS = 100_000
 WARMUP_STEPS = 20

@@ -21,11 +21,10 @@ communicators Horovod re-creates after every elastic reset.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
-from elastic_allreduce import env
+from elastic_allreduce import env, runtime
 from elastic_allreduce.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -34,15 +33,7 @@ log = logging.getLogger(__name__)
 def device_index(environ: Mapping[str, str]) -> int | None:
     """The slot's GPU index from ``environ`` (None when unset or empty: no GPU chosen).
     ConfigError unless it is a non-negative integer."""
-    text = environ.get(env.GPU_INDEX, "").strip()
-    if not text:
-        return None
-    if not text.isdigit():
-        raise ConfigError(
-            f"{env.GPU_INDEX}={text!r} is not a GPU index: the agent sets it to 0, 1, ... "
-            "(unset it to let TensorFlow use every GPU)"
-        )
-    return int(text)
+    return runtime.ProcessContract.from_environ(environ).gpu_index
 
 
 def choose(index: int | None, count: int) -> int | None:
@@ -64,9 +55,9 @@ def select(environ: Mapping[str, str] | None = None) -> int | None:
     """Limit TensorFlow to the slot's GPU (:func:`choose`), with memory growth; the index
     chosen, or None when nothing was changed. Call it before TensorFlow runs anything: once
     its runtime is initialized the devices cannot change, which is logged as a warning."""
-    source = os.environ if environ is None else environ
-    slot = source.get(env.SLOT, "-")
-    index = device_index(source)
+    given = runtime.contract() if environ is None else runtime.ProcessContract.from_environ(environ)
+    slot = given.slot or "-"
+    index = given.gpu_index
     if index is None:
         return None
     import tensorflow as tf  # noqa: PLC0415 - the worker side only; slow to import

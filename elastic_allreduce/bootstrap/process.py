@@ -78,8 +78,7 @@ from elastic_allreduce.training import warm
 log = logging.getLogger("elastic_allreduce.bootstrap")
 
 
-def _required(name: str) -> str:
-    value = os.environ.get(name)
+def _required(value: str | None, name: str) -> str:
     if not value:
         raise ConfigError(
             f"{name} is not set: training processes are started by `elastic-run`, not directly"
@@ -99,24 +98,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # The agent asks for them before it kills a live process it replaces (stuck, hung).
     print_stacks_on_sigusr1()
-    slot = _required(env.SLOT)
+    # What the agent gave this process, read once (the same record for every later reader).
+    contract = runtime.fix_contract()
+    slot = _required(contract.slot, env.SLOT)
     store = EtcdStore(
-        _required(env.ETCD_ENDPOINTS),
-        _required(env.JOB_ID),
-        outage_timeout=_outage_timeout(),
+        _required(contract.etcd, env.ETCD_ENDPOINTS),
+        _required(contract.job_id, env.JOB_ID),
+        outage_timeout=contract.outage_timeout,
     )
-    record = ProcRecord(os.getpid(), int(os.environ.get(env.INCARNATION, "1")), ProcPhase.STARTING)
-    registration = Registration(store, slot, record, int(os.environ.get(env.PROCESS_TTL, "3")))
+    record = ProcRecord(os.getpid(), contract.incarnation, ProcPhase.STARTING)
+    registration = Registration(store, slot, record, contract.process_ttl)
 
     # The slow import happens before this process says it is ready.
     import horovod.tensorflow  # noqa: F401, PLC0415
 
-    host = _required(env.HOROVOD_RENDEZVOUS_ADDR)
-    port = int(_required(env.HOROVOD_RENDEZVOUS_PORT))
-    # The token stays out of the script's environment (and its children's).
-    endpoint = protocol.Endpoint(
-        protocol.host_port(host, port), os.environ.pop(env.RENDEZVOUS_TOKEN, None)
+    host = _required(contract.rendezvous_addr, env.HOROVOD_RENDEZVOUS_ADDR)
+    given_port = contract.rendezvous_port
+    port = int(
+        _required(None if given_port is None else str(given_port), env.HOROVOD_RENDEZVOUS_PORT)
     )
+    # The token stays out of the script's environment (and its children's).
+    os.environ.pop(env.RENDEZVOUS_TOKEN, None)
+    endpoint = protocol.Endpoint(protocol.host_port(host, port), contract.rendezvous_token)
     # Every client of this process -- Horovod's and its own -- reaches the launcher through
     # the relay, which adds the launcher's token and follows a launcher that takes over.
     horovod_rendezvous = HorovodRendezvous()
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert relay is not None  # made by follower.start
     gloo = GlooSockets({port, relay.port, *(etcd.port for etcd in store.endpoints)}, (relay.port,))
     admit = Admission(store, slot, record, registration, follower, relay.address, host, port, gloo)
-    if os.environ.get(env.WARM_JOIN) == "1" and job_has_trained(store, slot):
+    if contract.warm_join and job_has_trained(store, slot):
         # The script runs at once as a ring of one; its elastic run asks to join (warm.join).
         from elastic_allreduce.bootstrap import hooks  # noqa: PLC0415 - imports TensorFlow
 
@@ -144,13 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run_script(args, registration)
 
 
-def _outage_timeout() -> float:
-    return env.seconds(env.OUTAGE_TIMEOUT, 0.0, below=86400, hint="the job's --outage-timeout")
-
-
 def _run_script(args: list[str], registration: Registration) -> int:
     """Run the user's script as ``__main__``; its exit code (0 when it returned)."""
-    slot = _required(env.SLOT)
+    slot = _required(runtime.contract().slot, env.SLOT)
     code = 1
     try:
         try:
@@ -242,7 +241,7 @@ def script_error(exc: BaseException) -> ScriptError | None:
 def write_script_error(exc: BaseException) -> None:
     """Write :func:`script_error` where the agent reads it (``ELASTIC_ALLREDUCE_ERROR_FILE``),
     in one rename; nothing outside `elastic-run` or for what is no bug of the script."""
-    path = os.environ.get(env.ERROR_FILE)
+    path = runtime.contract().error_file
     if not path:
         return
     try:

@@ -26,13 +26,12 @@ message is a :class:`ProtocolError`, never acted upon.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 from dataclasses import dataclass
 from typing import Final
 
-from elastic_allreduce import env
+from elastic_allreduce import runtime
 from elastic_allreduce.errors import ProtocolError
 
 #: The largest message either side sends or accepts, in bytes.
@@ -122,16 +121,16 @@ class AgentLink:
         with _link_lock:
             if not _link_made:
                 _link_made = True
-                _link = cls._inherited(os.environ.get(env.PERSIST_FD))
+                _link = cls._inherited(runtime.contract().persist_fd)
             return _link
 
     @classmethod
-    def _inherited(cls, raw: str | None) -> AgentLink | None:
-        if not raw:
+    def _inherited(cls, fd: int | None) -> AgentLink | None:
+        if fd is None:
             return None
         try:
-            sock = socket.socket(fileno=int(raw))
-        except (ValueError, OSError):
+            sock = socket.socket(fileno=fd)
+        except OSError:
             return None
         if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_SEQPACKET:
             sock.detach()

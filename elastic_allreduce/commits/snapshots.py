@@ -30,7 +30,7 @@ from typing import Any, Final, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from elastic_allreduce import env, progress
+from elastic_allreduce import progress, runtime
 from elastic_allreduce.agreement import sync
 from elastic_allreduce.commits import shm
 from elastic_allreduce.commits.checkpoint import CheckpointDir, Loaded, fingerprint
@@ -49,11 +49,11 @@ SIGTERM_PERSIST_WAIT: Final = 10.0
 def slot_folder() -> CheckpointDir | None:
     """This slot's snapshot folder (``ELASTIC_ALLREDUCE_SNAPSHOT_DIR``, set by the agent), kept
     to the last commit; None outside elastic-run or when the agent made none."""
-    folder = os.environ.get(env.SNAPSHOT_DIR)
-    if not folder:
+    given = runtime.contract()
+    if not given.snapshot_dir:
         return None
     return CheckpointDir.at(
-        folder, os.environ.get(env.JOB_ID), 1, kind="snapshot", full_hint=shm.RAISE_HINT
+        given.snapshot_dir, given.job_id, 1, kind="snapshot", full_hint=shm.RAISE_HINT
     )
 
 
@@ -63,27 +63,16 @@ def keep_checkpoints(given: int | None = None) -> int:
         if given < 1:
             raise ConfigError(f"keep_checkpoints must be at least 1, got {given}")
         return given
-    raw = os.environ.get(env.KEEP_CHECKPOINTS)
-    if not raw:
-        return DEFAULT_KEEP_CHECKPOINTS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(
-            f"{env.KEEP_CHECKPOINTS}={raw!r}: give a whole number of checkpoints, at least 1 "
-            "(--keep-checkpoints)"
-        )
-    return value
+    agents = runtime.contract().keep_checkpoints
+    return DEFAULT_KEEP_CHECKPOINTS if agents is None else agents
 
 
 def job_checkpoints() -> CheckpointDir | None:
     """The job's checkpoint folder (``--checkpoint-dir``, passed down by the agent), or None."""
-    directory = os.environ.get(env.CHECKPOINT_DIR)
-    if not directory:
+    given = runtime.contract()
+    if not given.checkpoint_dir:
         return None
-    return CheckpointDir(directory, os.environ.get(env.JOB_ID), keep_checkpoints())
+    return CheckpointDir(given.checkpoint_dir, given.job_id, keep_checkpoints())
 
 
 # -- a Keras state's shape and commit ----------------------------------------------------------

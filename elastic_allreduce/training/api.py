@@ -57,7 +57,7 @@ from horovod.tensorflow.elastic import TensorFlowKerasState
 from horovod.tensorflow.functions import broadcast_variables
 from typing_extensions import Unpack
 
-from elastic_allreduce import env, progress, runtime
+from elastic_allreduce import progress, runtime
 from elastic_allreduce.agreement import plain, sync
 from elastic_allreduce.agreement.sync import agree
 from elastic_allreduce.commits import snapshots as state_snapshots
@@ -405,11 +405,12 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     ) -> None:
         if checkpoint_every < 1:
             raise ConfigError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
-        directory = checkpoint_dir or os.environ.get(env.CHECKPOINT_DIR)
+        given = runtime.contract()
+        directory = checkpoint_dir or given.checkpoint_dir
         self._checkpoints = (
             CheckpointDir(
                 directory,
-                os.environ.get(env.JOB_ID),
+                given.job_id,
                 state_snapshots.keep_checkpoints(keep_checkpoints),
             )
             if directory
@@ -548,7 +549,8 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
     # -- progress ------------------------------------------------------------------------------
 
     def _report(self) -> None:
-        if not os.environ.get(env.JOB_ID) or not os.environ.get(env.ETCD_ENDPOINTS):
+        given = runtime.contract()
+        if not given.job_id or not given.etcd:
             return
         if self._reporter is None:
             self._reporter = _progress_writer()
@@ -592,10 +594,9 @@ def _progress_writer() -> LatestValueWriter:
     from elastic_allreduce.store import EtcdStore  # noqa: PLC0415
 
     def open_store() -> EtcdStore:
-        outage = env.seconds(env.OUTAGE_TIMEOUT, 0.0, below=86400, hint="--outage-timeout")
-        return EtcdStore(
-            os.environ[env.ETCD_ENDPOINTS], os.environ[env.JOB_ID], outage_timeout=outage
-        )
+        given = runtime.contract()
+        assert given.etcd is not None and given.job_id is not None  # checked by _report
+        return EtcdStore(given.etcd, given.job_id, outage_timeout=given.outage_timeout)
 
     writer = LatestValueWriter(open_store, keys.PROGRESS)
     atexit.register(writer.close)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from elastic_allreduce import env
+from elastic_allreduce import env, runtime
 
 
 class SampleLog:
@@ -35,7 +35,7 @@ class SampleLog:
         self._file: IO[str] | None = None
         if directory:
             Path(directory).mkdir(parents=True, exist_ok=True)
-            name = name or os.environ.get(env.SLOT) or f"pid{os.getpid()}"
+            name = name or runtime.contract().slot or f"pid{os.getpid()}"
             self._file = open(Path(directory) / f"{name}.jsonl", "a")  # noqa: SIM115 - kept open
 
     @property

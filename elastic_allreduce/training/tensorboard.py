@@ -41,7 +41,7 @@ from typing import Any, Final
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata  # type: ignore[import-untyped]
 
-from elastic_allreduce import env, progress
+from elastic_allreduce import progress, runtime
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ _attached: list[RankZeroSummaries] = []
 def attach(learning_rate: LearningRate | None = None) -> RankZeroSummaries | None:
     """The process's summaries when the job has a TensorBoard directory, else None; the first
     call creates them and makes them a step listener (one event file per process)."""
-    directory = os.environ.get(env.TENSORBOARD_DIR)
+    directory = runtime.contract().tensorboard_dir
     if not directory:
         return None
     if not _attached:

@@ -242,7 +242,10 @@ def raised_at(exc: BaseException, frames: int = 3) -> str:
 
 
 #: This project's packages (their files are "ours" in :func:`raised_at`).
-_PACKAGES: Final = (Path(__file__).resolve().parent, Path(ea_errors.__file__).resolve().parent)
+_PACKAGES: Final = (
+    Path(__file__).resolve().parent.parent,  # launcher/
+    Path(ea_errors.__file__).resolve().parent,  # elastic_allreduce/
+)
 
 
 class Launcher:

@@ -1,18 +1,12 @@
-"""The agent: one per worker node. Registers the node and runs its training processes.
+"""The agent: one per worker node. Registers the node, follows the job's leader and has the
+node's training processes run (:mod:`launcher.node.processes` supervises them).
 
-It keeps ``members/<node>`` alive under its lease, starts ``nproc_per_node`` processes through
-:mod:`elastic_allreduce.bootstrap` with the Horovod environment, prefixes their output with job,
-ring epoch, rank and slot, reports every exit at ``exits/<slot>/<incarnation>`` (then revokes
-the dead process's lease so the launcher learns of it at once), follows the launcher's
-directives (``directives/<node>``: restart a slot, replace a stuck one, stop one), turns SIGTERM
-into a graceful leave, and stops its processes when the job ends.
-
-It also looks at its processes' state in ``/proc/<pid>/stat`` every STATE_CHECK_INTERVAL: a
-process that stays stopped (``T``: SIGSTOP, SIGTSTP; ``t``: held by a tracer) for STOPPED_LIMIT
-is killed and reported like any exit, with a note in its output tail, so the launcher handles it
-as a hung process (restarted within ``--max-restarts``) about half a second after the stop
-instead of when its lease expires. The lease stays the signal for what an agent cannot see: a
-node that is dead, stopped as a whole or cut off.
+It keeps ``members/<node>`` alive under its lease, follows the leader's directives
+(``directives/<node>``: restart a slot, replace a stuck one, stop one; a status or directive
+another writer left is ignored), follows a launcher that takes the job over, probes its peers
+(:mod:`launcher.node.probes`), turns SIGTERM into a graceful leave, and stops its processes when
+the job ends. The lease stays the signal for what an agent cannot see: a node that is dead,
+stopped as a whole or cut off.
 
 An agent that cannot renew its lease asks the launcher whether it still counts the node
 (``node_standing``): if so, etcd is away for everyone (an outage, which is weather) and the
@@ -23,58 +17,45 @@ be reached from, is cut off: it stops its processes (:meth:`Agent._fence`).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
-from typing import IO, Final
+from typing import Final
 
-from elastic_allreduce import env, logprefix
-from elastic_allreduce._process import die_with_parent, print_stacks_on_sigusr1
+from elastic_allreduce import env
+from elastic_allreduce._process import print_stacks_on_sigusr1
 from elastic_allreduce.codec import JsonValue
-from elastic_allreduce.commits import shm
 from elastic_allreduce.errors import ConfigError, ElasticAllreduceError, ProtocolError, StoreError
 from elastic_allreduce.records import keys
-from elastic_allreduce.records.keys import slot_id
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, Stored, parse_job
 from elastic_allreduce.records.values import (
     Directive,
-    ExitRecord,
     JobConfig,
     JobStatus,
     MemberRecord,
-    ProcRecord,
     Ring,
-    ScriptError,
     from_leader,
 )
 from elastic_allreduce.rendezvous.protocol import (
     Endpoint,
     NodeStanding,
     base_url,
-    split_host_port,
     standing_url,
 )
 from elastic_allreduce.store import EtcdStore, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
 from launcher.exit_codes import EXIT_LEADERLESS, exit_code
-from launcher.node.persister import SnapshotPersister
 from launcher.node.probes import ProbeListener, Prober
+from launcher.node.processes import Process, Processes, check_command
 from launcher.vocabulary import AgentSettings
 
 log = logging.getLogger(__name__)
@@ -116,35 +97,6 @@ class _Reach:
     unreachable: frozenset[str]
 
 
-@dataclass
-class _Process:
-    index: int
-    incarnation: int
-    popen: subprocess.Popen[bytes]
-    tail: collections.deque[str]
-    reader: threading.Thread
-    #: When the agent first saw the process stopped (time.monotonic()); None: not stopped.
-    stopped_since: float | None = None
-    #: Why the agent killed the process, if it did (added to the tail of its exit report).
-    killed_because: str | None = None
-    #: Killed because the node was cut off from etcd (its exit is not reported).
-    fenced: bool = False
-    #: Where its bootstrap writes the error its script ended with (see read_script_error).
-    error_file: str | None = None
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T``, ...); None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    # "pid (comm) state ...": comm may hold spaces and parentheses, so split after the last ")".
-    fields = raw.rpartition(b")")[2].split()
-    return fields[0].decode(errors="replace") if fields else None
-
-
 class Agent:
     """Runs one node's training processes for one job (see the module docstring)."""
 
@@ -156,22 +108,16 @@ class Agent:
         self.store = EtcdStore(settings.etcd, settings.job_id)
         #: Process exits, SIGTERM and the store's changes, in arrival order (see PrefixCache).
         self._events: Inbox = new_inbox()
-        self._procs: dict[int, _Process] = {}
         self._desired: dict[int, int] = dict.fromkeys(range(settings.nproc_per_node), 1)
         self._leaving = False
         self._leave_deadline: float | None = None
         self._ring: Ring | None = None
-        self._print_lock = threading.Lock()
-        self._started: dict[int, int] = {}
         self._lease: Lease | None = None
         self._skips = SkipReporter()
-        self._next_state_check = 0.0
         #: What ``members/<node>`` says (rewritten on a leave and when peers become unreachable).
         self._member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
         self._prober = Prober(lambda unreachable: self._events.put(_Reach(unreachable)))
         self._listener: ProbeListener | None = None
-        self._outage_timeout = 0.0
-        self._warm_join = False
         self._next_standing = 0.0
         self._standing: NodeStanding | None = None
         self._next_outage_note = 0.0
@@ -192,19 +138,9 @@ class Agent:
             below=86400,
             hint=f"a leaving node waits to be let go this long; default {settings.leave_timeout:g}",
         )
-        inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
-        self._devices = slot_devices(inherited, settings.nproc_per_node)
-        #: Where this node's slots keep their snapshot in shared memory (None: off), and the
-        #: slots given a folder there, which the agent removes when it exits.
-        root = os.environ.get(env.SNAPSHOT_ROOT, shm.DEFAULT_ROOT)
-        self._snapshot_root = None if root in ("", shm.OFF) else root
-        self._snapshot_slots: set[str] = set()
-        #: Copies rank 0's snapshots into the checkpoint folder for it (with --checkpoint-dir
-        #: and snapshots); made when a process starts, closed whenever the processes stop.
-        self._persister: SnapshotPersister | None = None
-        #: A folder of this agent's, for the files in which its processes' bootstraps write
-        #: the errors their scripts ended with (made at the first start, removed at the end).
-        self._error_dir: str | None = None
+        #: The node's training processes (launcher.node.processes); their exits come back
+        #: through the loop's events.
+        self.processes = Processes(settings, self.store, self._exited, self._place)
         check_command(settings.command, settings.workdir)
 
     # -- entry point -------------------------------------------------------------------------
@@ -224,14 +160,13 @@ class Agent:
             )
         job_settings = JobConfig.from_json(raw.key, raw.value).settings
         max_workers = job_settings.max_workers
-        self._outage_timeout = self.store.outage_timeout = job_settings.outage_timeout
-        self._warm_join = job_settings.warm_join
+        self.processes.outage_timeout = self.store.outage_timeout = job_settings.outage_timeout
+        self.processes.warm_join = job_settings.warm_join
         # Before registering: a SIGTERM right after registration must be a graceful leave.
         signal.signal(signal.SIGTERM, self._on_sigterm)
         listener = self._listener = ProbeListener(settings.host)
         self._prober.start()
-        if self._snapshot_root is not None and not shm.check_root(self._snapshot_root):
-            self._snapshot_root = None
+        self.processes.check_snapshot_root()
         try:
             while True:
                 outcome = self._register_and_serve(max_workers)
@@ -242,12 +177,7 @@ class Agent:
         finally:
             self._prober.close()
             listener.close()
-            self._stop_all(grace=5.0)
-            if self._snapshot_root is not None:
-                # The snapshots live as long as the agent: no shared memory is left behind.
-                shm.remove_slots(self._snapshot_root, settings.job_id, self._snapshot_slots)
-            if self._error_dir is not None:
-                shutil.rmtree(self._error_dir, ignore_errors=True)
+            self.processes.close()
             self.store.close()
 
     def _register_and_serve(self, max_workers: int) -> int | None:
@@ -300,7 +230,7 @@ class Agent:
                     return 0
             for index, incarnation in self._desired.items():
                 if incarnation > 0:
-                    self._start(index, incarnation, rendezvous)
+                    self.processes.start(index, incarnation, rendezvous)
             return self._serve(cache, rendezvous)
         finally:
             cache.close()
@@ -335,14 +265,11 @@ class Agent:
             cut_off_for,
             self.settings.lease_ttl,
         )
-        for proc in self._procs.values():
-            proc.fenced = True
-        self._stop_all(grace=0.0)
-        self._procs.clear()
+        self.processes.fence()
         self._ring = None
         # The next registration is a newcomer: every slot starts a new incarnation.
         self._desired = {
-            index: self._started.get(index, 0) + 1
+            index: self.processes.started.get(index, 0) + 1
             for index, wanted in self._desired.items()
             if wanted > 0
         }
@@ -463,7 +390,7 @@ class Agent:
             if self._orphaned():
                 return EXIT_LEADERLESS
             if self._leaving:
-                if not self._procs:
+                if not self.processes.running:
                     log.info("[%s node %s] left the job", self.settings.job_id, node)
                     return 0
                 if self._leave_deadline is not None and (
@@ -472,13 +399,13 @@ class Agent:
                     # Past the leave timeout, or no launcher to re-form the ring without this
                     # node (a job torn down): SIGTERM lets rank 0 save its last commit.
                     self._leave_deadline = None
-                    self._stop_all(grace=LEAVE_STOP_GRACE)
-            elif not self._procs and not any(
+                    self.processes.stop_all(grace=LEAVE_STOP_GRACE)
+            elif not self.processes.running and not any(
                 incarnation > 0 for incarnation in self._desired.values()
             ):
                 return 0
             changed = self._handle(cache, drain(self._events, timeout=self._wait_time()))
-            self._kill_stopped()
+            self.processes.kill_stopped()
 
     def _follow_leader(self, job: JobSnapshot, rendezvous: Endpoint) -> Endpoint:
         """The launcher's rendezvous now (a new launcher took the job over: its own), and since
@@ -513,8 +440,8 @@ class Agent:
             self.settings.node_id,
             time.monotonic() - since,
         )
-        self._stop_all(grace=5.0)
-        self._procs.clear()
+        self.processes.stop_all(grace=5.0)
+        self.processes.running.clear()
         return True
 
     def _ride_out(self, lease: Lease, rendezvous: Endpoint) -> bool:
@@ -578,34 +505,9 @@ class Agent:
         limit = 1.0 if self._lease is None else self._lease.safe_until - now + 0.01
         if limit <= 0:
             limit = self._next_standing - now
-        if self._procs:
-            limit = min(limit, self._next_state_check - now)
+        if self.processes.running:
+            limit = min(limit, self.processes.next_check_in(now))
         return max(0.0, min(1.0, limit))
-
-    def _kill_stopped(self) -> None:
-        """Kill the processes that have stayed stopped for STOPPED_LIMIT (when a look is due)."""
-        now = time.monotonic()
-        if now < self._next_state_check:
-            return
-        self._next_state_check = now + STATE_CHECK_INTERVAL
-        for proc in list(self._procs.values()):
-            if proc.killed_because is not None or proc.popen.returncode is not None:
-                continue
-            if process_state(proc.popen.pid) not in _STOPPED_STATES:
-                proc.stopped_since = None
-                continue
-            if proc.stopped_since is None:
-                proc.stopped_since = now
-            stopped_for = now - proc.stopped_since
-            if stopped_for < STOPPED_LIMIT:
-                continue
-            slot = slot_id(self.settings.node_id, proc.index)
-            proc.killed_because = (
-                f"slot {slot} was stopped (SIGSTOP?) for {stopped_for:.1f} s; killing it so "
-                "the ring can move on"
-            )
-            log.warning("[%s] %s", self._prefix(slot), proc.killed_because)
-            proc.popen.kill()
 
     def _job(self, cache: PrefixCache) -> JobSnapshot:
         """The job as the cache has it now; junk keys are logged once and skipped."""
@@ -647,8 +549,8 @@ class Agent:
     def _handle(self, cache: PrefixCache, items: list[object]) -> bool:
         """Apply store changes, process exits and SIGTERM; return whether anything happened."""
         for item in items:
-            if isinstance(item, _Process):
-                self._on_exit(item)
+            if isinstance(item, Process):
+                self.processes.on_exit(item)
             elif isinstance(item, _Reach):
                 self._on_reach(item.unreachable)
             elif item == _LEAVE:
@@ -693,131 +595,20 @@ class Agent:
             log.warning("%s could not record the unreachable peers: %s", prefix, exc)
 
     def _apply(self, directive: Directive, rendezvous: Endpoint) -> None:
+        """Run the incarnation of each slot that the leader's directive names (0: none)."""
         self._desired = {i: directive.get(i) for i in range(self.settings.nproc_per_node)}
         for index, incarnation in self._desired.items():
-            proc = self._procs.get(index)
+            proc = self.processes.running.get(index)
             if proc is not None and (incarnation == 0 or proc.incarnation < incarnation):
-                if proc.popen.poll() is None:
-                    log.info(
-                        "[%s] stopping incarnation %d",
-                        self._prefix(slot_id(self.settings.node_id, index)),
-                        proc.incarnation,
-                    )
-                    if incarnation > 0:
-                        _print_stacks_of(proc.popen)
-                    proc.popen.kill()
+                self.processes.replace(index, stacks=incarnation > 0)
                 continue
-            if proc is None and incarnation > self._started.get(index, 0) and not self._leaving:
-                self._start(index, incarnation, rendezvous)
+            started = self.processes.started.get(index, 0)
+            if proc is None and incarnation > started and not self._leaving:
+                self.processes.start(index, incarnation, rendezvous)
 
-    # -- processes ---------------------------------------------------------------------------
-
-    def _start(self, index: int, incarnation: int, rendezvous: Endpoint) -> None:
-        self._started[index] = incarnation
-        settings = self.settings
-        slot = slot_id(settings.node_id, index)
-        address, port = split_host_port(rendezvous.address)
-        child_env = dict(os.environ)
-        child_env.pop(env.RENDEZVOUS_TOKEN, None)
-        if rendezvous.token is not None:
-            child_env[env.RENDEZVOUS_TOKEN] = rendezvous.token
-        child_env.update(
-            {
-                env.ETCD_ENDPOINTS: settings.etcd,
-                env.JOB_ID: settings.job_id,
-                env.SLOT: slot,
-                env.INCARNATION: str(incarnation),
-                env.PROCESS_TTL: str(settings.lease_ttl),
-                env.OUTAGE_TIMEOUT: str(self._outage_timeout),
-                env.HOROVOD_RENDEZVOUS_ADDR: address,
-                env.HOROVOD_RENDEZVOUS_PORT: str(port),
-                env.HOROVOD_HOSTNAME: slot,
-                env.HOROVOD_CONTROLLER: "gloo",
-                env.HOROVOD_CPU_OPERATIONS: "gloo",
-                env.HOROVOD_GLOO_IFACE: settings.gloo_iface,
-                env.GPU_INDEX: self._devices[index],
-                env.LOCAL_SIZE: str(settings.nproc_per_node),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        child_env.pop(env.WARM_JOIN, None)
-        if self._warm_join:
-            child_env[env.WARM_JOIN] = "1"
-        if settings.checkpoint_dir:
-            child_env[env.CHECKPOINT_DIR] = settings.checkpoint_dir
-            child_env[env.KEEP_CHECKPOINTS] = str(settings.keep_checkpoints)
-        if settings.tensorboard_dir:
-            child_env[env.TENSORBOARD_DIR] = settings.tensorboard_dir
-        child_env.pop(env.SNAPSHOT_DIR, None)
-        child_env.pop(env.PERSIST_FD, None)
-        link = None
-        if self._snapshot_root is not None:
-            folder = shm.prepare_slot(self._snapshot_root, settings.job_id, slot)
-            if folder is not None:
-                self._snapshot_slots.add(slot)
-                child_env[env.SNAPSHOT_DIR] = str(folder)
-                link = self._persist_link(slot, folder)
-        if link is not None:
-            child_env[env.PERSIST_FD] = str(link.fileno())
-        if self._error_dir is None:
-            self._error_dir = tempfile.mkdtemp(prefix=f"ea-errors-{settings.node_id}-")
-        error_file = os.path.join(self._error_dir, f"{slot}.{incarnation}.json")
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(error_file)
-        child_env[env.ERROR_FILE] = error_file
-        command = [
-            sys.executable,
-            "-m",
-            "elastic_allreduce.bootstrap",
-            *python_script_args(settings.command),
-        ]
-        popen = subprocess.Popen(
-            command,
-            env=child_env,
-            cwd=settings.workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl
-            pass_fds=() if link is None else (link.fileno(),),
-        )
-        if link is not None:
-            link.close()  # the process has its copy
-        tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        proc = _Process(index, incarnation, popen, tail, threading.Thread(), error_file=error_file)
-        proc.reader = threading.Thread(
-            target=self._pump, args=(proc, slot), name=f"output-{slot}", daemon=True
-        )
-        self._procs[index] = proc
-        proc.reader.start()
-        log.info("[%s] started incarnation %d (pid %d)", self._prefix(slot), incarnation, popen.pid)
-
-    def _persist_link(self, slot: str, folder: Path) -> socket.socket | None:
-        """The process's end of a new persistence channel, or None without a checkpoint
-        folder (:mod:`launcher.node.persister`)."""
-        settings = self.settings
-        if not settings.checkpoint_dir:
-            return None
-        if self._persister is None:
-            self._persister = SnapshotPersister(
-                settings.checkpoint_dir, settings.job_id, settings.keep_checkpoints
-            )
-        return self._persister.link(slot, folder)
-
-    def _pump(self, proc: _Process, slot: str) -> None:
-        stream: IO[bytes] | None = proc.popen.stdout
-        assert stream is not None
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            proc.tail.append(line)
-            with self._print_lock:
-                epoch, rank = self._place(slot)
-                text = logprefix.format_line(self.settings.job_id, epoch, rank, slot, line)
-                sys.stdout.write(text + "\n")
-                sys.stdout.flush()
-        proc.popen.wait()
+    def _exited(self, proc: Process) -> None:
+        """A process ended (its output thread says): to the loop's current events (a fence
+        replaces the inbox)."""
         self._events.put(proc)
 
     def _place(self, slot: str) -> tuple[int | None, int | None]:
@@ -826,78 +617,6 @@ class Agent:
         if ring is not None and slot in ring.slots:
             return ring.epoch, ring.slots.index(slot)
         return None, None
-
-    def _prefix(self, slot: str) -> str:
-        return logprefix.prefix(self.settings.job_id, *self._place(slot), slot)
-
-    def _on_exit(self, proc: _Process) -> None:
-        slot = slot_id(self.settings.node_id, proc.index)
-        if proc.fenced:
-            log.info("[%s] incarnation %d stopped (fenced)", self._prefix(slot), proc.incarnation)
-            return
-        try:
-            self._report_exit(proc, slot)
-        except StoreError as exc:
-            # etcd is unreachable: the lease check fences the node if it stays so.
-            log.warning("[%s] could not report the exit: %s", self._prefix(slot), exc)
-        if self._procs.get(proc.index) is proc:
-            del self._procs[proc.index]
-
-    def _report_exit(self, proc: _Process, slot: str) -> None:
-        tail = tuple(proc.tail)
-        if proc.killed_because is not None:
-            # The launcher's crash report quotes the tail's last lines: this says why.
-            tail = (*tail, f"agent: {proc.killed_because}")
-        error = None if proc.error_file is None else read_script_error(proc.error_file)
-        record = ExitRecord.from_returncode(proc.popen.returncode, tail, error)
-        self.store.put(keys.exit_(slot, proc.incarnation), record.to_json())
-        registered = self.store.get(keys.proc(slot))
-        if registered is not None and registered.lease is not None and registered.malformed is None:
-            try:
-                incarnation = ProcRecord.from_json(registered.key, registered.value).incarnation
-            except ElasticAllreduceError:
-                incarnation = None
-            if incarnation == proc.incarnation:
-                self.store.revoke_lease(registered.lease)
-        log.info(
-            "[%s] incarnation %d exited (%s)",
-            self._prefix(slot),
-            proc.incarnation,
-            record.describe(),
-        )
-
-    def _stop_all(self, grace: float) -> None:
-        if self._persister is not None:
-            # The copy under way ends first: rank 0 writes its last commit itself on SIGTERM,
-            # and a fenced node must not write one of a ring that moved on.
-            if not self._persister.close(PERSIST_CLOSE_WAIT):
-                log.warning(
-                    "[%s node %s] a checkpoint copy still runs after %.0f s; stopping anyway",
-                    self.settings.job_id,
-                    self.settings.node_id,
-                    PERSIST_CLOSE_WAIT,
-                )
-            self._persister = None
-        for proc in list(self._procs.values()):
-            if proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
-        deadline = time.monotonic() + grace
-        for proc in list(self._procs.values()):
-            try:
-                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(timeout=10)
-
-
-def _print_stacks_of(popen: subprocess.Popen[bytes]) -> None:
-    """Ask a live process that is about to be replaced (the launcher found it stuck or hung)
-    for every thread's stack, which it prints to its output (the bootstrap registered SIGUSR1):
-    where it waited, for the log. Waits STACKS_WAIT at most; a stopped process prints nothing."""
-    with contextlib.suppress(ProcessLookupError):
-        popen.send_signal(signal.SIGUSR1)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        popen.wait(timeout=STACKS_WAIT)
 
 
 def _leaving(key: str, value: JsonValue) -> bool:
@@ -942,102 +661,6 @@ def ask_standing(rendezvous: Endpoint, node: str, timeout: float = 1.0) -> NodeS
             exc,
         )
         return None
-
-
-#: The most bytes of a process's error file the agent reads (the record allows ~30 KB).
-MAX_ERROR_FILE: Final = 64 * 1024
-
-
-def read_script_error(path: str) -> ScriptError | None:
-    """The error a process's script ended with, as its bootstrap wrote it at ``path``, and the
-    file removed; None when there is none, or it is not a valid record (logged: the file is
-    the process's to write, so it is read as untrusted input)."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_ERROR_FILE + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        log.warning("could not read a training process's error file %s: %s", path, exc)
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
-    try:
-        if len(raw) > MAX_ERROR_FILE:
-            raise ValueError(f"longer than {MAX_ERROR_FILE} bytes")
-        return ScriptError.from_json(path, json.loads(raw))
-    except (ValueError, ElasticAllreduceError) as exc:
-        log.warning("ignoring a training process's error file %s: %s", path, exc)
-        return None
-
-
-def slot_devices(inherited: str | None, nproc: int) -> list[str]:
-    """Each slot's GPU index (``ELASTIC_ALLREDUCE_GPU_INDEX``): its place among the GPUs the
-    node was given, which every slot keeps seeing -- an inherited ``CUDA_VISIBLE_DEVICES`` (as
-    Slurm or a container runtime sets it) stays as it is, because NCCL's peer-to-peer and
-    shared-memory transports need the peers' devices; :mod:`elastic_allreduce.bootstrap.gpu` limits
-    TensorFlow to the slot's. ``""`` for every slot when the node was given no GPU (an empty
-    ``CUDA_VISIBLE_DEVICES``). ConfigError when it was given fewer GPUs than it runs processes."""
-    if inherited is not None:
-        given = [device.strip() for device in inherited.split(",") if device.strip()]
-        if not given:
-            return [""] * nproc
-        if len(given) < nproc:
-            raise ConfigError(
-                f"this node was given {len(given)} GPUs (CUDA_VISIBLE_DEVICES={inherited}) but "
-                f"runs {nproc} training processes, one GPU each: lower --nproc-per-node or give "
-                "it more"
-            )
-    return [str(index) for index in range(nproc)]
-
-
-def check_command(command: Sequence[str], workdir: str | None) -> None:
-    """ConfigError unless the training command can run here: the job's working directory and
-    (relative to it) its script exist on this host."""
-    if workdir is not None and not os.path.isdir(workdir):
-        raise ConfigError(
-            f"the job's working directory {workdir} (where `elastic-run run` was started) does "
-            "not exist on this host: give every host the same directory (a shared or copied "
-            "checkout), or start the job from a directory they all have"
-        )
-    args = python_script_args(command, check_exists=False)
-    if args[0] == "-m":
-        return
-    script = os.path.join(workdir or os.getcwd(), args[0])
-    if not os.path.isfile(script):
-        raise ConfigError(
-            f"training script {script} (from the job's command) does not exist on this host: "
-            "give every host the same path to it (a shared or copied checkout)"
-        )
-
-
-def resolve_command(command: Sequence[str]) -> tuple[str, ...]:
-    """``command`` with its script as an absolute path, so that a node started in another
-    directory, or on another host with the same layout, runs the same file."""
-    args = python_script_args(command)
-    if args[0] != "-m":
-        args[0] = os.path.abspath(args[0])
-    return (*command[: len(command) - len(args)], *args)
-
-
-def python_script_args(command: Sequence[str], *, check_exists: bool = True) -> list[str]:
-    """The script (or ``-m module``) and arguments of ``python SCRIPT ARGS`` or ``SCRIPT.py``."""
-    args = list(command)
-    if args and os.path.basename(args[0]).startswith("python"):
-        args = args[1:]
-    if not args:
-        raise ConfigError("the training command is missing: give `-- python train.py [ARGS]`")
-    if args[0] == "-m" and len(args) >= 2:
-        return args
-    if args[0].startswith("-") or not args[0].endswith(".py"):
-        raise ConfigError(
-            f"cannot run {' '.join(command)!r}: elastic-run runs Python training scripts; "
-            "give `-- python SCRIPT.py [ARGS]` or `-- python -m MODULE [ARGS]`"
-        )
-    if check_exists and not os.path.isfile(args[0]):
-        raise ConfigError(f"training script {args[0]!r} does not exist")
-    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
