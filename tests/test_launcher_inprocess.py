@@ -40,7 +40,8 @@ from elastic_allreduce.records.values import (
 from elastic_allreduce.rendezvous import protocol
 from elastic_allreduce.rendezvous.model import SlotAssignment
 from elastic_allreduce.store import EmbeddedEtcd, EtcdStore, Guard, Lease
-from launcher.leader.job import JobResult, Launcher, LaunchSettings, LeadershipLostError
+from launcher.leader.job import JobResult, Launcher, LaunchSettings
+from launcher.leader.leadership import LeadershipLostError
 from launcher.node.agent import ask_standing
 from launcher.observe.events import EventKind, read_events
 from launcher.observe.observer import JobObserver, ObserverSettings
@@ -428,9 +429,9 @@ def test_a_standby_whose_own_lease_lapsed_while_it_waited_takes_over_under_a_new
         (standby,) = launchers
         waited = threading.Event()
         for _ in range(200):  # its lease is granted as its run() starts
-            if standby._lease is not None or waited.wait(0.05):
+            if standby.leadership.lease is not None or waited.wait(0.05):
                 break
-        lost = standby._lease
+        lost = standby.leadership.lease
         assert lost is not None, "the standby never granted its lease"
         if how == "revoked":
             store.revoke_lease(lost.id)  # its lease expired while it stood by
@@ -459,7 +460,7 @@ def test_a_launcher_whose_lease_lapses_before_it_publishes_its_rendezvous_leads_
 
     def then_lapse(launcher: Launcher) -> bool:
         adopted = write_config(launcher)
-        lease = launcher._lease
+        lease = launcher.leadership.lease
         assert lease is not None
         lease.stop_keepalive()
         assert store.revoke_lease(lease.id)  # the leader key goes with it

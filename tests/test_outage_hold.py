@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from elastic_allreduce.store import KeyValue
-from launcher.leader.job import _OutageHold
+from launcher.leader.leadership import OutageHold as _OutageHold
 
 
 def kv(key: str, create_revision: int) -> KeyValue:

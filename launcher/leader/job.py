@@ -1,8 +1,8 @@
-"""The launcher: one leader per job; executes the ring policy's decisions.
+"""The launcher's job loop: one leader per job; executes the ring policy's decisions.
 
-It wins leadership by creating ``launcher/leader`` under its lease (a second launcher for the
-same job waits until that key is gone), serves the Gloo rendezvous, asks the provisioner for the
-initial nodes, then loops: read the job from the store and the rendezvous, let
+It wins leadership (:mod:`launcher.leader.leadership`: ``launcher/leader`` under its lease; a
+second launcher for the same job stands by or is refused), serves the Gloo rendezvous, asks the
+provisioner for the initial nodes, then loops: read the job from the store and the rendezvous, let
 :class:`launcher.leader.policy.RingPolicy` and the hang watchdog (:mod:`launcher.leader.watchdog`)
 decide, execute the decisions. The members' progress, reported to the rendezvous server, is written
 to ``status/ranks`` every few seconds.
@@ -10,18 +10,17 @@ to ``status/ranks`` every few seconds.
 An etcd outage is weather: store calls retry for up to ``--outage-timeout`` while the ranks go
 on training (they need no launcher until membership changes). etcd lets every lease expire
 when it was away for longer than the TTL, so for a while after such an outage the launcher
-holds back its decisions about vanished member and process records (:class:`_OutageHold`):
-the agents and processes that lived through it register again, the same node or process
-keeps its place, and only the records that stay gone are handled as deaths. The launcher's
-own leader key is created again under a new lease; if another launcher leads the job by
-then, this one stops without writing anything (:class:`LeadershipLostError`).
+holds back its decisions about vanished member and process records
+(:class:`launcher.leader.leadership.OutageHold`): the agents and processes that lived through it
+register again, the same node or process keeps its place, and only the records that stay gone are
+handled as deaths. The launcher's own leader key is created again under a new lease; if another
+launcher leads the job by then, this one stops without writing anything (``LeadershipLostError``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -30,11 +29,8 @@ from pathlib import Path
 from typing import Final
 
 from elastic_allreduce import errors as ea_errors
-from elastic_allreduce.codec import JsonValue
 from elastic_allreduce.errors import (
     ConfigError,
-    ElasticAllreduceError,
-    LeaseLostError,
     MalformedValueError,
     StoreError,
     StoreUnavailableError,
@@ -42,7 +38,6 @@ from elastic_allreduce.errors import (
 from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import JobSnapshot, SkipReporter, parse_job
 from elastic_allreduce.records.values import (
-    Directive,
     HangRecord,
     JobConfig,
     JobPhase,
@@ -60,10 +55,10 @@ from elastic_allreduce.rendezvous.protocol import (
     Commit,
     host_port,
     new_token,
-    split_host_port,
 )
-from elastic_allreduce.store import EtcdStore, EventType, Guard, KeyValue, Lease
+from elastic_allreduce.store import EtcdStore, KeyValue, Lease
 from elastic_allreduce.store.cache import Inbox, PrefixCache, drain, new_inbox
+from launcher.leader.leadership import Leadership, LeadershipLostError, OutageHold
 from launcher.leader.policy import RingPolicy
 from launcher.leader.rendezvous import ReadinessBoard, RendezvousService
 from launcher.leader.state_loss import CheckpointSkipWatch, StateLossWatch
@@ -103,16 +98,12 @@ log = logging.getLogger("elastic-run")
 
 #: Seconds between two writes of ``status/ranks`` (only when a member's progress changed).
 RANKS_INTERVAL: Final = 2.0
-#: Seconds a `run` that finds another launcher leading gives its rendezvous to answer a connect.
-DEAD_LEADER_PROBE: Final = 2.0
 #: What ``status/hang`` keeps of the stacks (the log has them all): the first ranks not in a
 #: collective, each cut to this many characters -- an etcd value is at most 1.5 MiB.
 STORED_STACKS: Final = 8
 STORED_STACK_CHARS: Final = 32 * 1024
 #: Seconds a launcher asked to stop waits for etcd to record that (not --outage-timeout).
 STOPPING_OUTAGE_WAIT: Final = 5.0
-#: New leases a launcher that leads again tries in a row when etcd lets each lapse at once.
-REGRANT_TRIES: Final = 3
 
 
 def _for_the_store(record: HangRecord) -> HangRecord:
@@ -123,42 +114,6 @@ def _for_the_store(record: HangRecord) -> HangRecord:
         for r in record.ranks
     )
     return replace(record, ranks=ranks)
-
-
-class LeadershipLostError(ElasticAllreduceError):
-    """Another launcher leads the job now: this one stopped acting (it writes nothing)."""
-
-
-class _OutageHold:
-    """Member and process records that vanished right after an etcd outage, held back.
-
-    A record is a node or process that lived through the outage until its holder registered
-    again or the hold ends; the same holder (same pid) keeps its first registration revision,
-    so the policy's order of members does not change. Pure bookkeeping on the loop's thread.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.until = 0.0
-        self._last: dict[str, KeyValue] = {}
-        self._first_revision: dict[tuple[str, int | None], int] = {}
-
-    def outage(self, now: float) -> None:
-        """The store was (or is) away: hold records until ``seconds`` from now."""
-        self.until = max(self.until, now + self.seconds)
-
-    def items(self, current: dict[str, KeyValue], now: float) -> dict[str, KeyValue]:
-        """``current`` plus, while holding, the records it lost since the last call."""
-        if now < self.until:
-            for key, kv in self._last.items():
-                if key not in current and key.startswith((keys.MEMBERS, keys.PROCS)):
-                    current[key] = kv
-        self._last = current
-        return current
-
-    def registered(self, key: str, pid: int | None, create_revision: int) -> int:
-        """The revision a holder first registered ``key`` at (kept across re-registrations)."""
-        return self._first_revision.setdefault((key, pid), create_revision)
 
 
 @dataclass(frozen=True)
@@ -262,8 +217,6 @@ class Launcher:
         hand_over_on_interrupt: bool = False,
     ) -> None:
         self.settings = settings
-        #: Wait while another launcher leads the job, then take it over (``--standby``).
-        self.standby = standby
         #: SIGINT/SIGTERM hands the job over (its nodes keep running, the lease is given up so
         #: the next launcher adopts it at once) instead of failing it: Kubernetes, where the
         #: launcher Job's next pod takes over after a drain or an eviction.
@@ -294,11 +247,18 @@ class Launcher:
         self._ring_revision = 0
         self._epoch = 0
         self._skips = SkipReporter()
-        self._lease: Lease | None = None
-        self._leader_record = LeaderRecord(None)
         #: Long enough for every survivor of an outage to notice its lost lease (TTL) and
         #: register again.
-        self._hold = _OutageHold(2.0 * settings.job.lease_ttl + 2.0)
+        self._hold = OutageHold(2.0 * settings.job.lease_ttl + 2.0)
+        #: The leader key, the lease, standing by, taking over (launcher.leader.leadership).
+        self.leadership = Leadership(
+            self.store,
+            settings.job_id,
+            settings.job.lease_ttl,
+            self._hold,
+            self._log,
+            standby=standby,
+        )
         #: Leases of member and process records that etcd reported expired at a takeover:
         #: their records are taken as gone while etcd deletes them (:meth:`_expired_leases`).
         self._expired: frozenset[int] = frozenset()
@@ -309,15 +269,15 @@ class Launcher:
         Once this launcher owns the job, however it stops, ``status/job`` says so: an
         interrupt fails the job with that reason, and an error is recorded before it is raised.
         """
-        lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
+        lease = self.leadership.grant()
         try:
             ended = self._lead_or_stand_by(lease)
             if ended is not None:
                 return ended
             adopted = self._write_config()
-            assert self._lease is not None  # _become_leader may have granted a new one
+            assert self.leadership.lease is not None  # become() may have granted a new one
             try:
-                return self._lead(self._lease, adopted)
+                return self._lead(self.leadership.lease, adopted)
             except KeyboardInterrupt:
                 if self.hand_over_on_interrupt:
                     return self._hand_over()
@@ -350,19 +310,20 @@ class Launcher:
                 self._dashboard.stop()
             if self.observer is not None:
                 self.observer.close()
-            if self._lease is not None:
+            if self.leadership.lease is not None:
                 with contextlib.suppress(StoreError):
-                    self._lease.revoke()
+                    self.leadership.lease.revoke()
             self.store.close()
 
     def _lead_or_stand_by(self, lease: Lease) -> JobResult | None:
-        """:meth:`_become_leader`; a standby stopped while it waits (SIGINT, SIGTERM) leaves
+        """:meth:`Leadership.become`; a standby stopped while it waits (SIGINT, SIGTERM) leaves
         the job to its leader: nothing is recorded and no node is stopped."""
         try:
-            return self._become_leader(lease)
+            ended = self.leadership.become(lease)
+            return None if ended is None else JobResult(ended.succeeded, ended.reason)
         except KeyboardInterrupt:
             self._handed_over = True
-            if not self.standby:
+            if not self.leadership.standby:
                 return JobResult(False, "interrupted before this launcher led the job")
             reason = (
                 "SIGTERM before this launcher led the job: the next one takes it over"
@@ -391,14 +352,15 @@ class Launcher:
         port = self.rendezvous.start(self.settings.rendezvous_host, token)
         rendezvous = host_port(self.settings.rendezvous_host, port)
         dashboard = self._serve_dashboard()
-        self._leader_record = LeaderRecord(rendezvous, dashboard, token)
+        self.leadership.record = LeaderRecord(rendezvous, dashboard, token)
         adoption = self.store.get_prefix().items if adopted else ()
         # Before the workers learn this address: the nodes of the job it takes over count as
         # members until the policy has looked at them (a node whose lease lapsed asks).
         self.rendezvous.members = stored_nodes(adoption)
-        self._publish_leader(lease)
-        self._write(
-            keys.JOB_STATUS, lambda: JobStatus(JobPhase.RUNNING, None, self._stamp()).to_json()
+        self.leadership.publish(lease)
+        self.leadership.write(
+            keys.JOB_STATUS,
+            lambda: JobStatus(JobPhase.RUNNING, None, self.leadership.stamp()).to_json(),
         )
         policy = RingPolicy(self.settings.job, rendezvous, time.monotonic(), self.settings.workers)
         self.provisioner.subscribe(lambda: self._inbox.put("provisioner"))
@@ -435,7 +397,7 @@ class Launcher:
             self._execute(decision)
         if not policy.adopting:
             self._adopt_nodes(policy, job)
-        self._restamp_directives()
+        self.leadership.restamp_directives()
 
     def _expired_leases(self, items: Iterable[KeyValue]) -> frozenset[int]:
         """The leases of member and process records that etcd reports expired. A takeover
@@ -495,8 +457,9 @@ class Launcher:
         """Record that the job failed (best effort: etcd may be the reason; never over a
         successor's record) and say so."""
         try:
-            self._write(
-                keys.JOB_STATUS, lambda: JobStatus(JobPhase.FAILED, reason, self._stamp()).to_json()
+            self.leadership.write(
+                keys.JOB_STATUS,
+                lambda: JobStatus(JobPhase.FAILED, reason, self.leadership.stamp()).to_json(),
             )
         except LeadershipLostError as exc:
             log.warning("not recording the job's failure: %s", exc)
@@ -507,117 +470,12 @@ class Launcher:
         self._log(f"job {self.settings.job_id} failed: {reason}")
         return JobResult(False, reason)
 
-    def _become_leader(self, lease: Lease) -> JobResult | None:
-        """Create ``launcher/leader`` under ``lease``. A standby waits while another launcher
-        holds it and returns the job's result if the job ends meanwhile; otherwise a live
-        leader is one clear ConfigError."""
-        while True:
-            try:
-                if lease.lost:
-                    # Its keep-alive stopped when etcd said it expired: never lead under it,
-                    # even if etcd still holds it for a moment (seen after a quorum loss).
-                    raise LeaseLostError(f"lease {lease.id:x} was reported expired")
-                created = self.store.create(keys.LEADER, LeaderRecord(None).to_json(), lease=lease)
-            except LeaseLostError:
-                # A standby's own lease lapsed while it waited (etcd away past its TTL): it
-                # takes the job over under a new one.
-                self._log("this launcher's lease lapsed while it stood by; granting a new one")
-                lease.stop_keepalive()
-                lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
-                continue
-            if created is not None:
-                phase, reason = self._stored_phase()
-                if self.standby and phase is not None and phase.final:
-                    # A standby (every launcher pod on Kubernetes) that finds the job ended
-                    # reports its result: a pod restarted after success must not fail the Job.
-                    return JobResult(phase is JobPhase.SUCCEEDED, reason or phase.value)
-                return None
-            if not self.standby:
-                if self._dead_leader_gone():
-                    continue
-                raise ConfigError(
-                    f"job {self.settings.job_id!r} already has a live launcher at "
-                    f"{self.store.describe()}; use another --job-id, `elastic-run join` to add "
-                    "a worker to it, or `elastic-run run --standby` to stand by as its next "
-                    "launcher"
-                )
-            ended = self._stand_by()
-            if ended is not None:
-                return ended
-
-    def _dead_leader_gone(self) -> bool:
-        """Whether the leader key belongs to a launcher that is dead and the key is gone now:
-        its rendezvous refuses connections, so its lease lapses within a TTL, which this waits
-        out (a `run` started again at once after a SIGKILL adopts the job instead of being
-        refused). A leader whose rendezvous answers, or that is not served yet, is alive."""
-        dead = self._refusing_leader()
-        if dead is None:
-            return self.store.get(keys.LEADER) is None
-        wait = 2 * self.settings.job.lease_ttl + 2
-        self._log(
-            f"the job's launcher at {dead} is not answering; waiting up to {wait} s for its "
-            "lease to lapse"
-        )
-        deadline = time.monotonic() + wait
-        with self.store.watch_prefix(keys.LEADER) as watch:
-            while self.store.get(keys.LEADER) is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                watch.get(min(remaining, 1.0))
-        return True
-
-    def _refusing_leader(self) -> str | None:
-        """The rendezvous address of the stored leader if it refuses connections (nothing
-        listens there: the launcher is gone), else None."""
-        stored = self.store.get(keys.LEADER)
-        endpoint = None
-        if stored is not None:
-            with contextlib.suppress(MalformedValueError):
-                endpoint = LeaderRecord.from_json(stored.key, stored.value).endpoint()
-        if endpoint is None:
-            return None
-        try:
-            socket.create_connection(
-                split_host_port(endpoint.address), timeout=DEAD_LEADER_PROBE
-            ).close()
-        except ConnectionRefusedError:
-            return endpoint.address
-        except OSError:
-            pass  # unreachable from here, or slow: it may well be alive elsewhere
-        return None
-
-    def _stand_by(self) -> JobResult | None:
-        """Wait until the leader key is gone (then: None, try to lead) or the job ended (its
-        result)."""
-        self._log("standing by: another launcher leads the job; taking over when it is gone")
-        with self.store.watch_prefix(keys.LEADER) as watch:
-            while True:
-                phase, reason = self._stored_phase()
-                if phase is not None and phase.final:
-                    self._log(f"the job {phase.value} while this launcher stood by: {reason}")
-                    return JobResult(phase is JobPhase.SUCCEEDED, reason or phase.value)
-                if self.store.get(keys.LEADER) is None:
-                    return None
-                event = watch.get(1.0)
-                if event is not None and event.type is not EventType.PUT:
-                    return None
-
-    def _stored_phase(self) -> tuple[JobPhase | None, str | None]:
-        status = self.store.get(keys.JOB_STATUS)
-        if status is None or status.malformed is not None:
-            return None, None
-        with contextlib.suppress(MalformedValueError):
-            record = JobStatus.from_json(status.key, status.value)
-            return record.phase, record.reason
-        return None, None
-
     def _write_config(self) -> bool:
         """Write ``config/job``, or read it back from a job whose launcher is gone (whether
         this launcher adopts a running job: then the stored settings are the job's)."""
         existing = self.store.get(keys.JOB_CONFIG)
         if existing is not None:
-            phase, _ = self._stored_phase()
+            phase, _ = self.leadership.stored_phase()
             if phase is not None and phase.final:
                 raise ConfigError(
                     f"job {self.settings.job_id!r} already {phase.value} at "
@@ -631,6 +489,7 @@ class Launcher:
                     f"unreadable ({exc}); choose a new --job-id"
                 ) from exc
             self.settings = replace(self.settings, job=stored.settings)
+            self.leadership.lease_ttl = stored.settings.lease_ttl
             self._log(f"taking over job {self.settings.job_id}, whose launcher is gone")
             return True
         nodes = self.settings.nodes
@@ -654,7 +513,7 @@ class Launcher:
                     if isinstance(item, _Stop):
                         return self._fail(item.reason)
                     cache.apply(item)
-                self._check_leadership()
+                self.leadership.check()
                 self.rendezvous.resend_pending()
                 current = {kv.key: kv for kv in self._live(cache.items().values())}
                 items = self._hold.items(current, time.monotonic())
@@ -685,128 +544,6 @@ class Launcher:
                 self.rendezvous.epoch = self._epoch
         finally:
             cache.close()
-
-    def _guard(self) -> Guard:
-        """The condition of every leader's write: the leader key is still under this
-        launcher's lease."""
-        if self._lease is None:
-            raise self._lost_leadership()
-        return Guard(keys.LEADER, self._lease.id)
-
-    def _write(self, key: str, value: JsonValue | Callable[[], JsonValue]) -> None:
-        """A leader's write: only while this launcher leads (LeadershipLostError if another
-        launcher does; after an outage that let its lease expire, it leads again first). A
-        callable value is rendered at each try: records stamped with the lease (:meth:`_stamp`)
-        get the new one after a reclaim."""
-        render = value if callable(value) else lambda: value
-        if self.store.put_guarded(key, render(), guard=self._guard()) is not None:
-            return
-        self._reclaim()
-        if self.store.put_guarded(key, render(), guard=self._guard()) is None:
-            raise self._lost_leadership()
-
-    def _stamp(self) -> int | None:
-        """This launcher's lease, written into the records agents obey (status, directives)."""
-        return None if self._lease is None else self._lease.id
-
-    def _restamp_directives(self) -> None:
-        """Write the stored directives again under this launcher's lease (it adopted the job,
-        or leads again under a new lease): agents follow only their current leader's."""
-        job = parse_job(self.store.get_prefix(keys.DIRECTIVES).items, 0)
-        for node, stored in job.directives.items():
-            if stored.record.leader != self._stamp():
-                self._write(keys.directive(node), self._directive(stored.record.incarnations))
-
-    def _directive(self, incarnations: tuple[tuple[int, int], ...]) -> Callable[[], JsonValue]:
-        """A directive as :meth:`_write` renders it: stamped with the lease it is written under."""
-        return lambda: Directive(incarnations, self._stamp()).to_json()
-
-    def _reclaim(self) -> None:
-        """A guarded write failed: lead again if the leader key is gone or still under this
-        launcher's (expired) lease; LeadershipLostError if another launcher holds it."""
-        lease = self._lease
-        if lease is None:
-            raise self._lost_leadership()
-        self._lead_again(lease)
-
-    def _leads(self) -> bool:
-        held = self.store.get(keys.LEADER)
-        return held is not None and self._lease is not None and held.lease == self._lease.id
-
-    def _lost_leadership(self) -> LeadershipLostError:
-        return LeadershipLostError(
-            f"job {self.settings.job_id}: this launcher no longer leads the job (its lease "
-            "expired and another launcher took over); it stopped without writing anything"
-        )
-
-    def _check_leadership(self) -> None:
-        """After an etcd outage: hold back decisions about vanished records, and lead again
-        under a new lease if etcd let this one expire (LeadershipLostError if another launcher
-        took the job meanwhile)."""
-        lease = self._lease
-        assert lease is not None
-        now = time.monotonic()
-        if now > lease.safe_until:
-            self._hold.outage(now)
-        if lease.lost:
-            self._lead_again(lease)
-
-    def _publish_leader(self, lease: Lease) -> None:
-        """Write the leader record (the rendezvous address and token) over the placeholder the
-        leader key was created with, only while it is still under ``lease``: a lease that
-        lapsed since (an etcd restart right after a takeover) is replaced as any other
-        (:meth:`_lead_again`), and a successor's key is never overwritten."""
-        try:
-            written = self.store.put_guarded(
-                keys.LEADER,
-                self._leader_record.to_json(),
-                guard=Guard(keys.LEADER, lease.id),
-                lease=lease,
-            )
-        except LeaseLostError:
-            written = None
-        if written is None:
-            self._lead_again(lease)
-
-    def _lead_again(self, lost: Lease) -> None:
-        """This launcher's lease expired (an etcd outage, or a stop past its TTL): lead again
-        under a new lease, unless another launcher holds the leader key by now."""
-        held = self.store.get(keys.LEADER)
-        if held is not None and held.lease != lost.id:
-            self._lease = None
-            lost.stop_keepalive()
-            raise self._lost_leadership()
-        # etcd reports an expired lease before it has deleted the lease's keys: revoke it
-        # outright, so the leader key is gone unless another launcher took it meanwhile.
-        lost.stop_keepalive()
-        with contextlib.suppress(StoreError):
-            self.store.revoke_lease(lost.id)
-        for _ in range(REGRANT_TRIES):
-            lease = self._lease = self.store.grant_lease(self.settings.job.lease_ttl)
-            try:
-                created = self.store.create(keys.LEADER, self._leader_record.to_json(), lease=lease)
-            except LeaseLostError:
-                # Gone between its grant and its use (etcd restarted meanwhile): another one.
-                lease.stop_keepalive()
-                continue
-            if created is None:
-                lease.revoke()
-                self._lease = None
-                raise self._lost_leadership()
-            break
-        else:
-            self._lease = None
-            raise LeaseLostError(
-                f"job {self.settings.job_id}: etcd let {REGRANT_TRIES} new leases of this "
-                "launcher lapse before it could lead under one"
-            )
-        self._hold.outage(time.monotonic())
-        self._restamp_directives()
-        self._log(
-            "etcd let this launcher's lease expire while it was away; leading again under a "
-            "new lease (holding back decisions about vanished members for "
-            f"{self._hold.seconds:.0f} s)"
-        )
 
     def _watch(self, policy: RingPolicy, view: JobView) -> list[Decision]:
         """The hang watchdog's look at the ring; its findings become the policy's decisions."""
@@ -915,7 +652,7 @@ class Launcher:
                     rank.stacks.rstrip(),
                 )
         try:
-            self._write(keys.HANG, _for_the_store(record).to_json())
+            self.leadership.write(keys.HANG, _for_the_store(record).to_json())
         except StoreError as exc:
             log.warning("could not record the hang diagnosis in the store: %s", exc)
         if self.observer is not None:
@@ -940,7 +677,7 @@ class Launcher:
         ):
             return
         try:
-            self._write(keys.RANKS, record.to_json())
+            self.leadership.write(keys.RANKS, record.to_json())
         except StoreError as exc:
             log.warning("could not write the ranks' progress to the store: %s", exc)
             return
@@ -1009,15 +746,15 @@ class Launcher:
                 keys.RING,
                 decision.ring.to_json(),
                 expected_mod_revision=self._ring_revision,
-                guard=self._guard(),
+                guard=self.leadership.guard(),
             )
-            if revision is None and not self._leads():
-                self._reclaim()
+            if revision is None and not self.leadership.leads():
+                self.leadership.reclaim()
                 revision = self.store.compare_and_swap(
                     keys.RING,
                     decision.ring.to_json(),
                     expected_mod_revision=self._ring_revision,
-                    guard=self._guard(),
+                    guard=self.leadership.guard(),
                 )
             if revision is None:
                 raise StoreError(
@@ -1037,7 +774,9 @@ class Launcher:
         elif isinstance(decision, NotifyWorkers):
             self.rendezvous.notify(list(decision.slots), decision.timestamp)
         elif isinstance(decision, SetDirective):
-            self._write(keys.directive(decision.node), self._directive(decision.incarnations))
+            self.leadership.write(
+                keys.directive(decision.node), self.leadership.directive(decision.incarnations)
+            )
         elif isinstance(decision, FinishJob):
             return self._finish(decision)
         return None
@@ -1052,8 +791,9 @@ class Launcher:
 
     def _finish(self, decision: FinishJob) -> JobResult:
         phase = JobPhase.SUCCEEDED if decision.succeeded else JobPhase.FAILED
-        self._write(
-            keys.JOB_STATUS, lambda: JobStatus(phase, decision.reason, self._stamp()).to_json()
+        self.leadership.write(
+            keys.JOB_STATUS,
+            lambda: JobStatus(phase, decision.reason, self.leadership.stamp()).to_json(),
         )
         if self.observer is not None:
             self.observer.finished(decision.succeeded, decision.reason)
