@@ -441,7 +441,9 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
         #: Steps lost at the last restore (None: no failure since the last reset).
         self._rolled_back: int | None = None
         self._summaries = tensorboard.attach(tensorboard.learning_rate_of(self.optimizer))
-        if self._summaries is not None:
+        # A warm joiner is rank 0 of a ring of its own, which is no ring of the job: it says
+        # where it stands when it joins (on_reset), and writes only if it is rank 0 there.
+        if self._summaries is not None and not warm.provisional():
             self._summaries.ring(
                 rank=hvd.rank(),
                 size=self._size,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from elastic_allreduce.store import EmbeddedEtcd
+from tests.helpers.tensorboard_files import event_files
 from tests.integration.harness import UNTIL_SCRIPT, Job, join_job, start_job, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -32,9 +33,11 @@ def test_a_warm_joiner_sets_up_before_it_joins_and_the_survivors_do_not_wait_for
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
     stop_file = tmp_path / "stop"
+    board = tmp_path / "tb"
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-workers", "3", "--start-grace", "120", "--warm-join"),
+        *("--tensorboard-dir", str(board)),
         script=UNTIL_SCRIPT,
         script_args=until(stop_file, commit_every=1, step_delay=0.05),
     )
@@ -65,6 +68,10 @@ def test_a_warm_joiner_sets_up_before_it_joins_and_the_survivors_do_not_wait_for
     # Its warm-up step (timed after the trace) was compared with the ring's share of a step.
     slot = joiner.commits()[0].slot
     assert any(f"slot {slot} warmed up: one step" in line for line in job.lines), job.tail(60)
+
+    # Only the job's rank 0 wrote summaries: the joiner, rank 0 of its own ring of one while it
+    # warmed up, wrote none (a second event file of its own before, seen in make test).
+    assert len(event_files(board / "train")) == 1, event_files(board / "train")
 
     # Everyone ends with the same weights: the joiner got the ring's state, not its warm-up's.
     done = job.done() + joiner.done()
