@@ -596,7 +596,13 @@ def test_every_sample_is_applied_exactly_once_through_a_kill_and_a_restart(
         etcd_server,
         *("--workers", "3", "--max-restarts", "1"),
         script=DATA_SCRIPT,
-        script_args=("--samples", "900", "--epochs", "2", "--batch-per-rank", "4", "--scale-lr"),
+        # A longer step delay (0.03 s by default) leaves the restarted process, which imports
+        # TensorFlow and warms up first, time to join before the data runs out (under make
+        # test's load it was 1 s late).
+        script_args=(
+            *("--samples", "900", "--epochs", "2", "--batch-per-rank", "4", "--scale-lr"),
+            *("--step-delay", "0.05"),
+        ),
         env={"ELASTIC_ALLREDUCE_SAMPLE_LOG": str(audit)},
     )
     jobs.append(job)
