@@ -5,8 +5,8 @@ restart budget; a fault schedule (data: ``kill`` = SIGKILL, ``stop`` = SIGSTOP) 
 the running ring again and again. Each fault gives
 
 * recovery: from the signal until every survivor printed a step at size 2 (a stopped process
-  is killed by its agent once stopped for ``launcher.node.agent.STOPPED_LIMIT``, then handled like a
-  crash);
+  is killed by its agent once stopped for ``launcher.node.processes.STOPPED_LIMIT``, then
+  handled like a crash);
 * scale-up: the restarted process is a new worker; from the moment it is ready (the launcher
   writes the ``resize`` epoch that includes it, seen on a store watch) until every rank printed
   a step at size 3 -- and, for reference, from its registration (``procs/<slot>`` written before

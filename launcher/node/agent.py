@@ -60,16 +60,11 @@ from launcher.vocabulary import AgentSettings
 
 log = logging.getLogger(__name__)
 
-_TAIL_LINES: Final = 20
 #: Seconds beyond two lease TTLs a starting node waits for an unreachable launcher to be
 #: replaced (a takeover) before it says that the launcher cannot be reached from this host.
 REACHABLE_GRACE: Final = 5.0
 _LEAVE: Final = "leave"
 
-#: Seconds a training process may stay stopped before its agent kills it as hung.
-STOPPED_LIMIT: Final = 0.5
-#: Seconds between two looks at the training processes' state.
-STATE_CHECK_INTERVAL: Final = 0.1
 #: Seconds between two questions to the launcher while the lease cannot be renewed.
 STANDING_INTERVAL: Final = 1.0
 #: Seconds between two log lines saying that the node rides out an etcd outage.
@@ -78,16 +73,10 @@ OUTAGE_NOTE_INTERVAL: Final = 10.0
 LEADERLESS_GRACE: Final = 60.0
 #: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
 LEAVING_OUTAGE_WAIT: Final = 5.0
-#: Seconds a process the launcher replaces while it lives gets to print its stacks (SIGUSR1).
-STACKS_WAIT: Final = 1.0
 #: Seconds the processes of a node whose leave timed out get between SIGTERM and SIGKILL: rank 0
 #: of ``ea.State`` writes its last commit to the checkpoint folder on SIGTERM (the Kubernetes
 #: worker's grace period is the leave timeout plus 30 s).
 LEAVE_STOP_GRACE: Final = 25.0
-#: Seconds a stopping agent waits for a checkpoint copy under way (launcher.node.persister).
-PERSIST_CLOSE_WAIT: Final = 30.0
-#: Process states (``/proc/<pid>/stat``, field 3) of a stopped process: by a signal; by a tracer.
-_STOPPED_STATES: Final = frozenset({"T", "t"})
 
 
 @dataclass(frozen=True)
