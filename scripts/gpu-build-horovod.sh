@@ -11,8 +11,9 @@
 # SDIST: horovod-0.28.1.tar.gz (`pip download --no-binary :all: --no-deps horovod==0.28.1`).
 # TARGET: a folder to install into (put it on PYTHONPATH). --cpu: without CUDA and NCCL (to
 # try the PyTorch adapter's build where there is no GPU). $PYTHON: the interpreter with PyTorch
-# (default python3). Horovod 0.28.1 predates PyTorch 2.1 and CUDA 13, so three lines of its
-# CMake files are changed first: C++17 for the core and the PyTorch adapter (PyTorch >= 2.1
+# (default python3). The project's patch set is applied (as by elastic_allreduce.horovod_build);
+# Horovod 0.28.1 also predates PyTorch 2.1 and CUDA 13, so three lines of its CMake files are
+# changed here: C++17 for the core and the PyTorch adapter (PyTorch >= 2.1
 # needs it) and for the CUDA kernels (CUDA 13's headers need it). The kernels are built for the
 # GPUs present (compute capability from nvidia-smi; $HOROVOD_BUILD_CUDA_CC_LIST overrides), as
 # CUDA 13 no longer builds the old ones Horovod lists by default. NCCL is the one PyTorch's
@@ -27,6 +28,11 @@ trap 'rm -rf "$work"' EXIT
 
 tar -xzf "$sdist" -C "$work"
 src=$(echo "$work"/horovod-*)
+# The project's own patch set first, as every build of Horovod here gets it
+# (elastic_allreduce/horovod_build/patches: TensorFlow and Keras changes, harmless to PyTorch's).
+for patch in "$(dirname "$0")"/../elastic_allreduce/horovod_build/patches/*.patch; do
+  patch -p1 --forward --batch --silent -d "$src" -i "$(realpath "$patch")"
+done
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
   "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
 sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' \
