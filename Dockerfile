@@ -1,5 +1,6 @@
-# elastic-allreduce for clusters without GPUs: TensorFlow 2.15.1 (CPU build), Horovod 0.28.1
-# built with Gloo, and this package. The GPU image is ./Dockerfile.gpu.
+# elastic-allreduce for clusters without GPUs: TensorFlow 2.21.0 (CPU build) with Keras 3, this
+# project's patched Horovod 0.28.1 built with Gloo (elastic_allreduce/horovod_build, as `make
+# setup` builds it), and this package. The GPU image is ./Dockerfile.gpu.
 #
 #   docker build -t elastic-allreduce:0.1.0 .
 #
@@ -11,7 +12,7 @@ FROM ${PYTHON_IMAGE} AS build
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ make cmake \
+    && apt-get install -y --no-install-recommends g++ make cmake patch \
     && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
@@ -20,16 +21,17 @@ WORKDIR /src
 COPY constraints.txt ./
 # The versions of every package come from constraints.txt, as `make setup` installs them.
 RUN pip install --no-cache-dir -c constraints.txt pip setuptools wheel \
-    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.15.1 \
+    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.21.0 tensorboard \
         etcd3gw kubernetes cloudpickle psutil pyyaml packaging cffi scikit-learn
-RUN HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
-    MAKEFLAGS="-j$(nproc)" \
-    pip install --no-cache-dir --no-build-isolation -c constraints.txt horovod==0.28.1 \
-    && python -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built(), "no Gloo"'
 COPY pyproject.toml README.md ./
 COPY elastic_allreduce ./elastic_allreduce
 COPY launcher ./launcher
+# Horovod 0.28.1 with the project's patches, against the TensorFlow above (the sdist is checked
+# by its SHA-256; the wheel cache is dropped with the layer).
+RUN PIP_CONSTRAINT=/src/constraints.txt MAKEFLAGS="-j$(nproc)" \
+    python -m elastic_allreduce.horovod_build --gpu cpu --cache /tmp/horovod-build \
+    && rm -rf /tmp/horovod-build \
+    && python -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built(), "no Gloo"'
 RUN pip install --no-cache-dir --no-build-isolation --no-deps . \
     && elastic-run --version
 

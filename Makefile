@@ -1,16 +1,26 @@
 # The two commands a person needs: `make test` (and, once the elastic core lands, `make demo`).
 # Both run `make setup` first, which installs everything from this checkout's own files.
+# The stack: the default is constraints.txt in .venv; STACK=oldest is the oldest supported one
+# (constraints-oldest.txt, in .venv-oldest), which `make test-oldest` checks.
+STACK ?= default
+ifeq ($(STACK),oldest)
+VENV ?= .venv-oldest
+CONSTRAINTS := constraints-oldest.txt
+else
 VENV ?= .venv
+CONSTRAINTS := constraints.txt
+endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
+HOROVOD_PATCHES := $(wildcard elastic_allreduce/horovod_build/*.py elastic_allreduce/horovod_build/patches/*.patch)
 
-.PHONY: setup lint test test-known-bugs coverage demo chaos soak bench bench-quick bench-store bench-core clean \
+.PHONY: setup lint test test-oldest oldest-suite test-known-bugs coverage demo chaos soak bench bench-quick bench-store bench-core clean \
 	kube-build kube-up kube-down test-kube
 
 setup: $(STAMP)
 
-$(STAMP): scripts/setup.sh constraints.txt requirements-dev.txt pyproject.toml
-	VENV=$(VENV) bash scripts/setup.sh
+$(STAMP): scripts/setup.sh $(CONSTRAINTS) requirements-dev.txt pyproject.toml $(HOROVOD_PATCHES)
+	VENV=$(VENV) CONSTRAINTS=$(CONSTRAINTS) bash scripts/setup.sh
 	touch $@
 
 lint: setup
@@ -40,6 +50,18 @@ coverage: setup
 	$(BIN)/coverage run -m pytest -m "not known_bug" --timeout 240; status=$$?; \
 	$(BIN)/coverage combine --quiet && $(BIN)/coverage report && $(BIN)/coverage html; \
 	exit $$status
+
+# The oldest supported stack (constraints-oldest.txt: TensorFlow 2.15.1 with Keras 2, in its own
+# .venv-oldest): lint, then the compatibility suite, the demo, the core job tests and the Keras
+# checks (README, "Tested stacks").
+OLDEST_TESTS := tests/compat tests/integration/test_demo.py tests/integration/test_elastic.py \
+	tests/integration/test_exactly_once.py tests/integration/test_keras_reduces.py \
+	tests/test_horovod_build.py
+test-oldest:
+	$(MAKE) STACK=oldest oldest-suite
+
+oldest-suite: lint
+	$(BIN)/pytest -m "not known_bug" -n $(TEST_WORKERS) --maxschedchunk 1 $(OLDEST_TESTS)
 
 # Tests that reproduce open bugs (each names its bug); they fail until the bug is fixed.
 test-known-bugs: setup  # pytest exits 5 when no test is marked: no open bug is known

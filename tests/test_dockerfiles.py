@@ -1,6 +1,8 @@
-"""The Dockerfiles pass hadolint and say what the project promises: TensorFlow 2.15.1 on CUDA 12.2
-and cuDNN 8 (the versions its GPU build is made against), Horovod 0.28.1 with NCCL and Gloo,
-a non-root user, `elastic-run` as the entry point. No image is built here (no Docker daemon)."""
+"""The Dockerfiles pass hadolint and say what the project promises: the CPU image on the default
+stack (TensorFlow 2.21), the GPU image on the oldest (TensorFlow 2.15.1 on CUDA 12.2 and cuDNN 8,
+the versions its GPU build is made against), the project's patched Horovod 0.28.1 with NCCL and
+Gloo built by its own builder, a non-root user, `elastic-run` as the entry point. No image is
+built here (no Docker daemon)."""
 
 from __future__ import annotations
 
@@ -108,32 +110,44 @@ def test_the_gpu_image_is_cuda_12_2_with_cudnn_8_and_tensorflow_2_15_1() -> None
     assert "libnccl-dev" in runs
 
 
-def test_horovod_0_28_1_is_built_with_nccl_on_gpu_and_gloo_everywhere() -> None:
-    [gpu_build] = [line for line in run_lines("Dockerfile.gpu") if "horovod==" in line]
+def test_horovod_0_28_1_is_built_with_the_patch_set_nccl_on_gpu_and_gloo_everywhere() -> None:
+    builder = "python -m elastic_allreduce.horovod_build"
+    [gpu_build] = [line for line in run_lines("Dockerfile.gpu") if builder in line]
     for setting in (
         "HOROVOD_GPU_OPERATIONS=NCCL",
-        "HOROVOD_WITH_GLOO=1",
-        "HOROVOD_WITH_TENSORFLOW=1",
-        "HOROVOD_WITHOUT_MPI=1",
-        "horovod==0.28.1",
+        "--gpu nccl",
+        "PIP_CONSTRAINT=/src/constraints.txt",
         "hvd.nccl_built() and hvd.gloo_built()",
     ):
         assert setting in gpu_build
-    [cpu_build] = [line for line in run_lines("Dockerfile") if "horovod==" in line]
-    assert "HOROVOD_WITH_GLOO=1" in cpu_build
-    assert "horovod==0.28.1" in cpu_build
+    [cpu_build] = [line for line in run_lines("Dockerfile") if builder in line]
+    assert "--gpu cpu" in cpu_build and "hvd.gloo_built()" in cpu_build
     assert "HOROVOD_GPU_OPERATIONS" not in cpu_build
-    assert "tensorflow-cpu==2.15.1" in " ".join(run_lines("Dockerfile"))
+    assert "tensorflow-cpu==2.21.0" in " ".join(run_lines("Dockerfile"))
+    for name in DOCKERFILES:
+        steps = instructions(name)
+        # The builder and its patches are in the image before the build runs; GNU patch too.
+        copied = next(
+            i for i, (k, rest) in enumerate(steps) if rest.startswith("elastic_allreduce")
+        )
+        built = next(i for i, (k, rest) in enumerate(steps) if builder in rest)
+        assert copied < built, name
+        assert " patch " in " ".join(run_lines(name)), name
 
 
-def test_the_pins_agree_with_constraints_txt() -> None:
-    pins = dict(
+def pins(path: str) -> dict[str, str]:
+    return dict(
         line.split("==", 1)
-        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        for line in (ROOT / path).read_text().splitlines()
         if "==" in line and not line.startswith("#")
     )
-    assert pins["horovod"] == "0.28.1"
-    assert pins["tensorflow-cpu"] == "2.15.1"
+
+
+def test_the_pins_agree_with_the_constraints_files() -> None:
+    assert pins("constraints.txt")["horovod"] == "0.28.1"
+    assert pins("constraints.txt")["tensorflow-cpu"] == "2.21.0"
+    assert pins("constraints-oldest.txt")["tensorflow-cpu"] == "2.15.1"
+    assert "COPY constraints-oldest.txt ./constraints.txt" in (ROOT / "Dockerfile.gpu").read_text()
     for name in DOCKERFILES:
         installs = re.findall(r"pip install [^&]*", " ".join(run_lines(name)))
         # Every install is constrained, except the project itself (--no-deps).

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.common.exceptions import HostsUpdatedInterrupt
 
-from elastic_allreduce import env, runtime
+from elastic_allreduce import env, keras_compat, runtime
 from elastic_allreduce.agreement import plain, shape
 from elastic_allreduce.agreement.shape import StateDescription, VariableSpec
 from elastic_allreduce.codec import JsonValue
@@ -112,7 +112,7 @@ def describe(
     """This rank's state as the ranks compare it."""
     return StateDescription(
         model=_specs(model.variables),
-        optimizer=() if optimizer is None else _specs(optimizer.variables()),
+        optimizer=() if optimizer is None else _specs(keras_compat.optimizer_variables(optimizer)),
         optimizer_built=optimizer_built(optimizer),
         extra_keys=tuple(sorted(attributes)),
         commit_id=commit_id,
@@ -121,8 +121,15 @@ def describe(
 
 
 def _specs(variables: Iterable[Any]) -> tuple[VariableSpec, ...]:
+    """Name, shape and dtype of each variable (a Keras 3 variable: its path, unique where its
+    name is not, a tuple shape and a dtype string)."""
     return tuple(
-        VariableSpec(str(v.name), tuple(v.shape.as_list()), str(v.dtype.name)) for v in variables
+        VariableSpec(
+            str(getattr(v, "path", None) or v.name),
+            tuple(tf.TensorShape(v.shape).as_list()),
+            tf.as_dtype(v.dtype).name,
+        )
+        for v in variables
     )
 
 
@@ -132,12 +139,13 @@ def optimizer_built(optimizer: Any) -> bool:  # noqa: ANN401
         return True
     if hasattr(optimizer, "_create_all_weights"):
         # Legacy OptimizerV2: no variables at all until its first step.
-        return bool(optimizer.variables())
+        return bool(keras_compat.optimizer_variables(optimizer))
     if callable(getattr(optimizer, "build", None)):
-        # The optimizers of TF 2.11+ (Keras 2): `iterations` exists from the start, and
-        # `build(var_list)` sets `_built` when it has created the slots.
-        return bool(getattr(optimizer, "_built", False))
-    return bool(optimizer.variables())
+        # The optimizers of TF 2.11+ (Keras 2) and Keras 3: `iterations` exists from the start,
+        # and `build(var_list)` sets `_built` (Keras 2) or `built` (Keras 3) once it has
+        # created the slots.
+        return bool(getattr(optimizer, "_built", False) or getattr(optimizer, "built", False))
+    return bool(keras_compat.optimizer_variables(optimizer))
 
 
 def build_optimizer(optimizer: Any, model: Any) -> None:  # noqa: ANN401
@@ -160,7 +168,7 @@ def build_optimizer(optimizer: Any, model: Any) -> None:  # noqa: ANN401
         log.info(
             "created the optimizer's %d variables before the sync (this process has not "
             "trained a step yet); the sync overwrites them",
-            len(optimizer.variables()),
+            len(keras_compat.optimizer_variables(optimizer)),
         )
 
 

@@ -71,7 +71,10 @@
 5. Horovod's ``DistributedGradientTape`` and ``DistributedOptimizer`` (``horovod.tensorflow``
    and its Keras API) time their allreduce for the launcher's straggler watch, as
    ``ea.DistributedGradientTape`` does (:mod:`elastic_allreduce.training.collective_clock`): plain
-   Horovod custom loops and Keras ``fit`` report their wait too.
+   Horovod custom loops and Keras ``fit`` report their wait too. Horovod's
+   ``DistributedOptimizer`` refuses a Keras 3 optimizer (ConfigError naming the fix,
+   :func:`elastic_allreduce.keras_compat.refuse_keras3`): Keras 3 never calls its allreduce,
+   and every rank would train alone.
 
 6. ``hvd.local_rank()`` and ``hvd.local_size()`` (``horovod.tensorflow``, its ``mpi_ops``, its
    Keras API, and ``horovod.keras``, which takes them from ``horovod.tensorflow``) keep
@@ -113,7 +116,7 @@ import tensorflow as tf
 from horovod.common.basics import HorovodBasics
 from horovod.tensorflow.functions import broadcast_variables
 
-from elastic_allreduce import progress, runtime
+from elastic_allreduce import keras_compat, progress, runtime
 from elastic_allreduce.agreement import sync
 from elastic_allreduce.bootstrap import gpu
 from elastic_allreduce.bootstrap.sockets import GlooSockets
@@ -181,7 +184,14 @@ def _time_gradient_allreduces() -> None:
         if getattr(original, _PATCHED, False):
             continue
 
-        def timed(*args: Any, _original: Any = original, **kwargs: Any) -> Any:  # noqa: ANN401
+        def timed(
+            *args: Any,  # noqa: ANN401
+            _original: Any = original,  # noqa: ANN401
+            _name: str = f"{module.__name__}.{name}",
+            **kwargs: Any,  # noqa: ANN401
+        ) -> Any:  # noqa: ANN401
+            if _name.endswith("DistributedOptimizer"):
+                keras_compat.refuse_keras3(args[0] if args else kwargs.get("optimizer"), _name)
             return collective_clock.timed(_original(*args, **kwargs))
 
         timed.__doc__ = original.__doc__
@@ -261,7 +271,7 @@ def _sync(self: Any) -> None:  # noqa: ANN401
             self._bcast_model()  # Horovod's own (from rank 0)
         else:
             broadcast_variables(self.model.variables, root_rank=root)
-            broadcast_variables(self.optimizer.variables(), root_rank=root)
+            broadcast_variables(keras_compat.optimizer_variables(self.optimizer), root_rank=root)
         self._save_model()
         if self._saved_state:
             self._saved_state = sync.broadcast_attributes(self._saved_state, root)

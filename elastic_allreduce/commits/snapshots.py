@@ -30,7 +30,7 @@ from typing import Any, Final, Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from elastic_allreduce import progress, runtime
+from elastic_allreduce import keras_compat, progress, runtime
 from elastic_allreduce.agreement import sync
 from elastic_allreduce.commits import shm
 from elastic_allreduce.commits.checkpoint import CheckpointDir, Loaded, fingerprint
@@ -109,7 +109,7 @@ def save_on_sigterm(write_last_commit: Callable[[], None]) -> bool:
 
 def live_variables(state: Any) -> list[Any]:  # noqa: ANN401
     """The model's then the optimizer's variables: the order of a snapshot's arrays."""
-    return [*state.model.variables, *state.optimizer.variables()]
+    return [*state.model.variables, *keras_compat.optimizer_variables(state.optimizer)]
 
 
 def build_optimizer(state: Any) -> None:  # noqa: ANN401

@@ -57,7 +57,7 @@ from horovod.tensorflow.elastic import TensorFlowKerasState
 from horovod.tensorflow.functions import broadcast_variables
 from typing_extensions import Unpack
 
-from elastic_allreduce import progress, runtime
+from elastic_allreduce import keras_compat, progress, runtime
 from elastic_allreduce.agreement import plain, sync
 from elastic_allreduce.agreement.sync import agree
 from elastic_allreduce.commits import snapshots as state_snapshots
@@ -114,8 +114,13 @@ def DistributedGradientTape(tape: tf.GradientTape, *args: Any, **kwargs: Any) ->
 
 
 def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - Horovod's name
-    """Horovod's ``DistributedOptimizer`` (same arguments), with its allreduce timed for the
-    launcher's straggler watch (:mod:`elastic_allreduce.training.collective_clock`)."""
+    """Horovod's ``DistributedOptimizer`` (same arguments) for legacy Keras optimizers, and its
+    Keras 3 counterpart for Keras 3's (:func:`keras_compat.distributed_optimizer`), with the
+    allreduce timed for the launcher's straggler watch
+    (:mod:`elastic_allreduce.training.collective_clock`)."""
+    if keras_compat.is_keras3(optimizer):
+        reducing = keras_compat.distributed_optimizer(optimizer, *args, **kwargs)
+        return collective_clock.timed(reducing)
     return collective_clock.timed(hvd.DistributedOptimizer(optimizer, *args, **kwargs))
 
 
@@ -538,7 +543,7 @@ class State(TensorFlowKerasState):  # type: ignore[misc]
             commit_id = int(self._saved_state.get("commit_id", 0))
             root = agree(self.model, self.optimizer, self._saved_state, commit_id=commit_id)
             broadcast_variables(self.model.variables, root_rank=root)
-            broadcast_variables(self.optimizer.variables(), root_rank=root)
+            broadcast_variables(keras_compat.optimizer_variables(self.optimizer), root_rank=root)
             self._save_model()
             self._saved_state = sync.broadcast_attributes(self._saved_state, root)
             self._set_attrs()

@@ -62,7 +62,8 @@ def make_pieces(definition: ModelDef) -> Pieces:
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
         hint = (
             " (a legacy optimizer: use tf.keras.optimizers.X, not tf.keras.optimizers.legacy.X)"
-            if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer)
+            # By its module: Keras 3 has no tf.keras.optimizers.legacy to compare with.
+            if ".optimizers.legacy." in type(optimizer).__module__
             else ""
         )
         raise definition.error(

@@ -1,0 +1,127 @@
+"""Nothing trains alone silently (issue #41): ranks that see different data end every step
+with equal weights -- with Keras 3 or legacy Keras, in a custom loop and in ``fit`` -- and
+Horovod's own ``DistributedOptimizer``, which Keras 3 never lets reduce, is refused with one
+clear error before the first step.
+
+Each job is real: elastic-run, etcd, two processes on Horovod/Gloo (tests/scripts/
+keras_reduces.py). The control (``--wrapper none``: no averaging) shows that the comparison
+tells: its ranks end their steps with different weights.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+
+import pytest
+
+from elastic_allreduce.store import EmbeddedEtcd
+from tests.conftest import ROOT
+from tests.integration.harness import Job, start_job
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+SCRIPT = str(ROOT / "tests" / "scripts" / "keras_reduces.py")
+ALL_AT_START = ("--workers", "2", "--start-grace", "120", "--max-restarts", "0")
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+#: Whether tf.keras is Keras 3 in this environment (TF >= 2.16 without TF_USE_LEGACY_KERAS).
+KERAS3 = int((_installed("keras") or "0").split(".")[0]) >= 3 and not os.environ.get(
+    "TF_USE_LEGACY_KERAS"
+)
+#: Legacy Keras beside Keras 3 (the new stack's tf-keras): its patterns are run too.
+LEGACY_TOO = KERAS3 and _installed("tf-keras") is not None
+
+
+def run(etcd: EmbeddedEtcd, jobs: list[Job], *args: str, legacy: bool = False) -> Job:
+    job = start_job(
+        etcd,
+        *ALL_AT_START,
+        script=SCRIPT,
+        script_args=args,
+        env={"TF_USE_LEGACY_KERAS": "1"} if legacy else None,
+    )
+    jobs.append(job)
+    return job
+
+
+def checksums_by_step(job: Job) -> dict[int, dict[int, float]]:
+    found: dict[int, dict[int, float]] = {}
+    for event in job.events:
+        data = event.data
+        if data.get("event") == "step" and data.get("size") == 2:
+            found.setdefault(int(data["step"]), {})[int(data["rank"])] = float(data["checksum"])
+    return found
+
+
+def losses(job: Job, rank: int) -> list[float]:
+    return [
+        float(e.data["loss"])
+        for e in job.events
+        if e.data.get("event") == "step" and e.data.get("rank") == rank
+    ]
+
+
+CASES = [
+    pytest.param("loop", "ea", False, id="keras-loop-ea"),
+    pytest.param("fit", "ea", False, id="keras-fit-ea"),
+    pytest.param("loop", "horovod", False, id="keras-loop-horovod-tape"),
+]
+if not KERAS3:
+    CASES.append(pytest.param("fit", "horovod", False, id="keras2-fit-horovod"))
+if LEGACY_TOO:
+    CASES += [
+        pytest.param("fit", "horovod", True, id="legacy-keras-fit-horovod"),
+        pytest.param("loop", "horovod", True, id="legacy-keras-loop-horovod"),
+        pytest.param("fit", "ea", True, id="legacy-keras-fit-ea"),
+    ]
+
+
+@pytest.mark.parametrize(("mode", "wrapper", "legacy"), CASES)
+def test_ranks_with_different_data_end_every_step_equal(
+    etcd_server: EmbeddedEtcd, jobs: list[Job], mode: str, wrapper: str, legacy: bool
+) -> None:
+    job = run(etcd_server, jobs, "--mode", mode, "--wrapper", wrapper, legacy=legacy)
+    assert job.finish() == 0, job.tail()
+    steps = checksums_by_step(job)
+    assert sorted(steps) == list(range(1, 7)), job.tail()
+    for step, by_rank in steps.items():
+        assert sorted(by_rank) == [0, 1], (step, by_rank)
+        assert by_rank[0] == by_rank[1], f"step {step}: the ranks differ: {by_rank}"
+    # The first weights differ from the last: the steps did train.
+    assert steps[1][0] != steps[6][0], steps
+
+
+def test_the_control_without_averaging_ends_steps_with_different_weights(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    """``--wrapper none``: each rank applies its own gradients. The same comparison as above
+    finds the ranks apart after the first step (so it would find a wrapper that skipped the
+    allreduce)."""
+    job = run(etcd_server, jobs, "--mode", "fit", "--wrapper", "none")
+    assert job.finish() == 0, job.tail()
+    steps = checksums_by_step(job)
+    assert steps[1][0] != steps[1][1], steps
+
+
+@pytest.mark.skipif(not KERAS3, reason="tf.keras is Keras 2 here: Horovod's wrapper reduces")
+def test_horovods_distributed_optimizer_around_a_keras3_optimizer_is_refused(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    """Keras 3 never calls the hook in which Horovod's DistributedOptimizer averages: the
+    wrapper is refused on both ranks, before any step, with the fix named; the job fails at
+    once as a bug of the script (exit code 1, no restart)."""
+    job = run(etcd_server, jobs, "--mode", "fit", "--wrapper", "horovod")
+    assert job.finish() == 1, job.tail()
+    assert not checksums_by_step(job), job.tail()
+    text = "\n".join(job.lines)
+    assert "cannot wrap a Keras 3 optimizer (SGD)" in text, job.tail()
+    assert "use elastic_allreduce.DistributedOptimizer" in text, job.tail()
+    assert "TF_USE_LEGACY_KERAS=1" in text, job.tail()
