@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import signal
 
 import pytest
 
+from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import ROOT
-from tests.integration.harness import Job, start_job
+from tests.integration.harness import KERAS_SCRIPT, Event, Job, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -125,3 +127,42 @@ def test_horovods_distributed_optimizer_around_a_keras3_optimizer_is_refused(
     assert "cannot wrap a Keras 3 optimizer (SGD)" in text, job.tail()
     assert "use elastic_allreduce.DistributedOptimizer" in text, job.tail()
     assert "TF_USE_LEGACY_KERAS=1" in text, job.tail()
+
+
+def test_keras_fit_through_a_sigkill_and_a_rejoin_ends_equal_with_a_lower_loss(
+    etcd_server: EmbeddedEtcd, jobs: list[Job]
+) -> None:
+    """tests/scripts/ea_keras_fit.py (ea.State, ea.DistributedOptimizer, the three state
+    callbacks) on this stack's Keras: one of two ranks is SIGKILLed, its restarted process
+    rejoins, and the job ends with exit code 0, equal weights and a loss below the first
+    epoch's."""
+    job = start_job(
+        etcd_server,
+        *("--workers", "2", "--start-grace", "120", "--max-restarts", "1"),
+        script=KERAS_SCRIPT,
+        script_args=("--epochs", "120"),
+    )
+    jobs.append(job)
+
+    def epochs(size: int) -> list[Event]:
+        return [e for e in job.events if e.data.get("event") == "epoch" and e.data["size"] == size]
+
+    job.wait_for(lambda: len(epochs(2)) >= 6, 120, "three epochs at size 2")
+    victim = next(e.slot for e in reversed(epochs(2)) if e.data["rank"] == 1)
+    killed_at = len(job.events)
+    os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
+
+    def after(start: int, size: int) -> int | None:
+        return next(
+            (i for i, e in enumerate(job.events) if i > start and e.data.get("size") == size), None
+        )
+
+    job.wait_for(lambda: after(killed_at, 1) is not None, 60, "an epoch of the survivor alone")
+    alone = after(killed_at, 1)
+    assert alone is not None
+    job.wait_for(lambda: after(alone, 2) is not None, 150, "the rejoin")
+    assert job.finish(timeout=180) == 0, job.tail()
+    done = job.done()
+    assert len(done) == 2 and len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
+    losses = [e.data["loss"] for e in job.events if e.data.get("event") == "epoch"]
+    assert losses[-1] < losses[0], losses

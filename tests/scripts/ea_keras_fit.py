@@ -1,6 +1,6 @@
 """Keras `model.fit` under elastic_allreduce: State plus the commit/batch/epoch callbacks.
 
-Prints {"event": "epoch", "epoch": E, "size": N, "rank": R} at the end of each epoch and
+Prints {"event": "epoch", "epoch": E, "size": N, "rank": R, "loss": L} at the end of each epoch and
 {"event": "done", "checksum": C, ...} at the end.
 """
 
@@ -36,6 +36,7 @@ class Report(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         record = {"event": "epoch", "epoch": epoch, "size": ea.size(), "rank": ea.rank()}
+        record["loss"] = float((logs or {}).get("loss", float("nan")))
         print(json.dumps(record), flush=True)
 
 
