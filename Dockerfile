@@ -1,5 +1,5 @@
-# elastic-allreduce for clusters without GPUs: TensorFlow 2.21.0 (CPU build) with Keras 3, this
-# project's patched Horovod 0.28.1 built with Gloo (elastic_allreduce/horovod_build, as `make
+# elastic-allreduce for clusters without GPUs: TensorFlow 2.15.1 (CPU build; the default stack),
+# this project's patched Horovod 0.28.1 built with Gloo (elastic_allreduce/horovod_build, as `make
 # setup` builds it), and this package. The GPU image is ./Dockerfile.gpu.
 #
 #   docker build -t elastic-allreduce:0.1.0 .
@@ -21,7 +21,7 @@ WORKDIR /src
 COPY constraints.txt ./
 # The versions of every package come from constraints.txt, as `make setup` installs them.
 RUN pip install --no-cache-dir -c constraints.txt pip setuptools wheel \
-    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.21.0 tensorboard \
+    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.15.1 tensorboard \
         etcd3gw kubernetes cloudpickle psutil pyyaml packaging cffi scikit-learn
 COPY pyproject.toml README.md ./
 COPY elastic_allreduce ./elastic_allreduce

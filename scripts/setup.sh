@@ -6,13 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-# The stack: constraints.txt (the default) or another pin set, e.g. the oldest supported one
-# (`make setup STACK=oldest` passes constraints-oldest.txt and its own VENV).
+# The stack: constraints.txt (the default) or another pin set, e.g. the newest
+# (`make setup STACK=newest` passes constraints-newest.txt and its own VENV).
 CONSTRAINTS=${CONSTRAINTS:-constraints.txt}
 
 say() { printf '[setup] %s\n' "$*"; }
 
-# TensorFlow 2.21 has wheels for Python 3.10-3.13; the oldest stack (2.15.1) for 3.9-3.11.
+# TensorFlow 2.21 has wheels for Python 3.10-3.13; 2.15.1 for 3.9-3.11.
 newest_minor=13
 if grep -q '^tensorflow-cpu==2\.15\.' "$CONSTRAINTS"; then newest_minor=11; fi
 
