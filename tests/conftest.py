@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import itertools
 import json
 import os
@@ -25,6 +26,21 @@ from tests.helpers.leftovers import (  # noqa: F401 - hooks: the session-end lef
 from tests.helpers.tls import TlsEtcd, start_tls_etcd
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def installed_version(name: str) -> str | None:
+    """An installed distribution's version, or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+#: Whether tf.keras is Keras 3 here (TensorFlow >= 2.16 without TF_USE_LEGACY_KERAS), without
+#: importing TensorFlow.
+KERAS3 = int((installed_version("keras") or "0").split(".")[0]) >= 3 and not os.environ.get(
+    "TF_USE_LEGACY_KERAS"
+)
 _job_numbers = itertools.count(1)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT, script_result
+from tests.conftest import KERAS3, ROOT, script_result
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,7 +23,8 @@ def test_every_gradient_allreduce_of_a_training_step_is_timed_once() -> None:
         "ea_tape": True,
         "ea_optimizer_fit": True,
         "horovod_tape": True,
-        "horovod_keras_optimizer_fit": True,
+        # Under Keras 3 the hooks refuse Horovod's Keras optimizer (it would never reduce).
+        "horovod_keras_optimizer_fit": "refused" if KERAS3 else True,
         "timed_once": True,
     }, result
 

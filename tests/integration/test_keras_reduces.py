@@ -10,7 +10,6 @@ tells: its ranks end their steps with different weights.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import signal
 
@@ -18,7 +17,7 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.conftest import ROOT
+from tests.conftest import KERAS3, ROOT, installed_version
 from tests.integration.harness import KERAS_SCRIPT, Event, Job, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -27,19 +26,8 @@ SCRIPT = str(ROOT / "tests" / "scripts" / "keras_reduces.py")
 ALL_AT_START = ("--workers", "2", "--start-grace", "120", "--max-restarts", "0")
 
 
-def _installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-#: Whether tf.keras is Keras 3 in this environment (TF >= 2.16 without TF_USE_LEGACY_KERAS).
-KERAS3 = int((_installed("keras") or "0").split(".")[0]) >= 3 and not os.environ.get(
-    "TF_USE_LEGACY_KERAS"
-)
 #: Legacy Keras beside Keras 3 (the new stack's tf-keras): its patterns are run too.
-LEGACY_TOO = KERAS3 and _installed("tf-keras") is not None
+LEGACY_TOO = KERAS3 and installed_version("tf-keras") is not None
 
 
 def run(etcd: EmbeddedEtcd, jobs: list[Job], *args: str, legacy: bool = False) -> Job:
