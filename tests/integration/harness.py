@@ -117,6 +117,10 @@ class Job:
             if e.data.get("event") == "commit" and (size is None or e.data.get("size") == size)
         ]
 
+    def epochs(self, size: int) -> list[Event]:
+        """The "epoch" lines of tests/scripts/ea_keras_fit.py at ring size ``size``."""
+        return [e for e in self.events if e.data.get("event") == "epoch" and e.data["size"] == size]
+
     def done(self) -> list[Event]:
         return [e for e in self.events if e.data.get("event") == "done"]
 

@@ -34,7 +34,6 @@ from tests.integration.harness import (
     HVD_SCRIPT,
     KERAS_SCRIPT,
     SCRIPTS,
-    Event,
     Job,
     join_job,
     last_step_before_restart,
@@ -552,15 +551,12 @@ def test_keras_fit_with_the_callbacks_survives_a_sigkill(
     )
     jobs.append(job)
 
-    def epochs(size: int) -> list[Event]:
-        return [e for e in job.events if e.data.get("event") == "epoch" and e.data["size"] == size]
-
-    job.wait_for(lambda: len(epochs(3)) >= 9, 90, "three epochs at size 3")
-    victim = next(e.slot for e in reversed(epochs(3)) if e.data["rank"] == 2)
+    job.wait_for(lambda: len(job.epochs(3)) >= 9, 90, "three epochs at size 3")
+    victim = next(e.slot for e in reversed(job.epochs(3)) if e.data["rank"] == 2)
     os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
     assert job.finish() == 0, job.tail()
-    assert epochs(2), job.tail()
-    assert max(e.data["epoch"] for e in epochs(2)) == 24
+    assert job.epochs(2), job.tail()
+    assert max(e.data["epoch"] for e in job.epochs(2)) == 24
     done = job.done()
     assert len(done) == 2 and len({e.data["checksum"] for e in done}) == 1, [e.data for e in done]
 

@@ -18,7 +18,7 @@ import pytest
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
 from tests.conftest import KERAS3, ROOT, installed_version
-from tests.integration.harness import KERAS_SCRIPT, Event, Job, start_job
+from tests.integration.harness import KERAS_SCRIPT, Job, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -132,11 +132,8 @@ def test_keras_fit_through_a_sigkill_and_a_rejoin_ends_equal_with_a_lower_loss(
     )
     jobs.append(job)
 
-    def epochs(size: int) -> list[Event]:
-        return [e for e in job.events if e.data.get("event") == "epoch" and e.data["size"] == size]
-
-    job.wait_for(lambda: len(epochs(2)) >= 6, 120, "three epochs at size 2")
-    victim = next(e.slot for e in reversed(epochs(2)) if e.data["rank"] == 1)
+    job.wait_for(lambda: len(job.epochs(2)) >= 6, 120, "three epochs at size 2")
+    victim = next(e.slot for e in reversed(job.epochs(2)) if e.data["rank"] == 1)
     killed_at = len(job.events)
     os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
 
