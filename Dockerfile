@@ -1,4 +1,5 @@
-# elastic-allreduce for clusters without GPUs: TensorFlow 2.15.1 (CPU build; the default stack),
+# elastic-allreduce for clusters without GPUs: TensorFlow 2.21 with Keras 3 (CPU build; the
+# default stack; tf-keras for scripts on legacy Keras, TF_USE_LEGACY_KERAS=1),
 # this project's patched Horovod 0.28.1 built with Gloo (elastic_allreduce/horovod_build, as `make
 # setup` builds it), and this package. The GPU image is ./Dockerfile.gpu.
 #
@@ -19,10 +20,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY constraints.txt ./
-# The versions of every package come from constraints.txt, as `make setup` installs them.
+# The versions of every package come from constraints.txt, as `make setup` installs them;
+# tf-keras without its dependencies, which name `tensorflow` (the CUDA build) beside ours.
 RUN pip install --no-cache-dir -c constraints.txt pip setuptools wheel \
-    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.15.1 tensorboard \
-        etcd3gw kubernetes cloudpickle psutil pyyaml packaging cffi scikit-learn
+    && pip install --no-cache-dir -c constraints.txt tensorflow-cpu==2.21.0 tensorboard \
+        etcd3gw kubernetes cloudpickle psutil pyyaml packaging cffi scikit-learn \
+    && pip install --no-cache-dir --no-deps -c constraints.txt tf-keras
 COPY pyproject.toml README.md ./
 COPY elastic_allreduce ./elastic_allreduce
 COPY launcher ./launcher

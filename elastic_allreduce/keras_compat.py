@@ -31,9 +31,10 @@ _REDUCES = "_elastic_allreduce_reduces"
 
 
 def is_keras3(obj: object) -> bool:
-    """Whether ``obj`` (an optimizer, model, layer or variable) is Keras 3's. Keras 2 (TF 2.15's
-    ``keras`` package) and tf-keras (module ``tf_keras``) are not; nothing is imported."""
-    if not type(obj).__module__.startswith("keras."):
+    """Whether ``obj`` (an optimizer, model, layer or variable, or an instance of a script's own
+    subclass of one) is Keras 3's. Keras 2 (TF 2.15's ``keras`` package) and tf-keras (module
+    ``tf_keras``) are not; nothing is imported."""
+    if not any(cls.__module__.startswith("keras.") for cls in type(obj).__mro__):
         return False
     keras = sys.modules.get("keras")
     version = getattr(keras, "__version__", "0")

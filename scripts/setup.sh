@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-# The stack: constraints.txt (the default) or another pin set, e.g. the newest
-# (`make setup STACK=newest` passes constraints-newest.txt and its own VENV).
+# The stack: constraints.txt (the default) or another pin set, e.g. the oldest
+# (`make setup STACK=oldest` passes constraints-oldest.txt and its own VENV).
 CONSTRAINTS=${CONSTRAINTS:-constraints.txt}
 
 say() { printf '[setup] %s\n' "$*"; }

@@ -169,6 +169,11 @@ def test_a_built_optimizer_has_the_variables_its_first_step_would_create(legacy:
         sync.describe(fresh_model, fresh, {}).optimizer
         == sync.describe(trained_model, trained, {}).optimizer
     )
+    # ... and the names of the TensorFlow variables themselves, after which Horovod names the
+    # broadcasts (a name in another scope would be a broadcast no trained rank joins) ...
+    assert [keras_compat.tf_variable(v).name for v in keras_compat.optimizer_variables(fresh)] == [
+        keras_compat.tf_variable(v).name for v in keras_compat.optimizer_variables(trained)
+    ]
     # ... and nothing applied: the iteration count and the slots are still zero (Keras 3 keeps
     # its learning rate in a variable too).
     assert all(

@@ -1,8 +1,8 @@
-"""The Dockerfiles pass hadolint and say what the project promises: the default stack,
-TensorFlow 2.15.1 (the GPU image on CUDA 12.2 and cuDNN 8, the versions its GPU build is made
-against), the project's patched Horovod 0.28.1 with NCCL and
-Gloo built by its own builder, a non-root user, `elastic-run` as the entry point. No image is
-built here (no Docker daemon)."""
+"""The Dockerfiles pass hadolint and say what the project promises: the CPU image on the default
+stack, TensorFlow 2.21 (with tf-keras), the GPU image on the oldest, TensorFlow 2.15.1 (on CUDA
+12.2 and cuDNN 8, the versions its GPU build is made against, until a GPU checks 2.21's), the
+project's patched Horovod 0.28.1 with NCCL and Gloo built by its own builder, a non-root user,
+`elastic-run` as the entry point. No image is built here (no Docker daemon)."""
 
 from __future__ import annotations
 
@@ -116,14 +116,16 @@ def test_horovod_0_28_1_is_built_with_the_patch_set_nccl_on_gpu_and_gloo_everywh
     for setting in (
         "HOROVOD_GPU_OPERATIONS=NCCL",
         "--gpu nccl",
-        "PIP_CONSTRAINT=/src/constraints.txt",
+        "PIP_CONSTRAINT=/src/constraints-oldest.txt",
         "hvd.nccl_built() and hvd.gloo_built()",
     ):
         assert setting in gpu_build
     [cpu_build] = [line for line in run_lines("Dockerfile") if builder in line]
     assert "--gpu cpu" in cpu_build and "hvd.gloo_built()" in cpu_build
     assert "HOROVOD_GPU_OPERATIONS" not in cpu_build
-    assert "tensorflow-cpu==2.15.1" in " ".join(run_lines("Dockerfile"))
+    cpu_runs = " ".join(run_lines("Dockerfile"))
+    assert "tensorflow-cpu==2.21.0" in cpu_runs
+    assert "--no-deps -c constraints.txt tf-keras" in cpu_runs
     for name in DOCKERFILES:
         steps = instructions(name)
         # The builder and its patches are in the image before the build runs; GNU patch too.
@@ -145,12 +147,13 @@ def pins(path: str) -> dict[str, str]:
 
 def test_the_pins_agree_with_the_constraints_files() -> None:
     assert pins("constraints.txt")["horovod"] == "0.28.1"
-    assert pins("constraints.txt")["tensorflow-cpu"] == "2.15.1"
-    assert pins("constraints-newest.txt")["tensorflow-cpu"] == "2.21.0"
+    assert pins("constraints.txt")["tensorflow-cpu"] == "2.21.0"
+    assert pins("constraints-oldest.txt")["tensorflow-cpu"] == "2.15.1"
+    files = {"Dockerfile": "constraints.txt", "Dockerfile.gpu": "constraints-oldest.txt"}
     for name in DOCKERFILES:
         installs = re.findall(r"pip install [^&]*", " ".join(run_lines(name)))
-        # Every install is constrained, except the project itself (--no-deps).
-        unpinned = [i for i in installs if "-c constraints.txt" not in i]
+        # Every install is constrained by its stack's file, except the project itself (--no-deps).
+        unpinned = [i for i in installs if f"-c {files[name]}" not in i]
         assert [i.split()[-1] for i in unpinned] == ["."], name
         assert all("--no-deps" in i for i in unpinned)
 

@@ -41,7 +41,7 @@ import tensorflow as tf
 from dense_workload import dense_model, train_step_fn
 
 import elastic_allreduce as ea
-from elastic_allreduce import env
+from elastic_allreduce import env, keras_compat
 from elastic_allreduce.commits import snapshots as state_snapshots
 from elastic_allreduce.commits.checkpoint import CheckpointDir
 
@@ -89,8 +89,8 @@ def barrier() -> None:
 
 
 def state_bytes(state: ea.State) -> int:
-    variables = [*state.model.variables, *state.optimizer.variables()]
-    return int(sum(np.prod(v.shape) * v.dtype.size for v in variables))
+    variables = [*state.model.variables, *keras_compat.optimizer_variables(state.optimizer)]
+    return int(sum(np.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables))
 
 
 def timed(function: Callable[[], object]) -> float:

@@ -152,6 +152,9 @@ def build_optimizer(optimizer: Any, model: Any) -> None:  # noqa: ANN401
     """Create the optimizer's variables for the model's trainable variables as its first step
     would -- under the same name scope, so that they get the same names as on ranks that
     trained (Horovod names each variable's broadcast after it) -- without applying any update.
+    Keras 2 creates them in the optimizer's name scope; Keras 3's ``build`` opens that scope
+    itself (another one around it would name them ``adam/adam/...``: a broadcast no rank that
+    trained takes part in).
 
     Never raises: a failure shows up as a mismatch on every rank (raising here, on this rank
     alone, would leave the others waiting in the next allgather)."""
@@ -159,6 +162,9 @@ def build_optimizer(optimizer: Any, model: Any) -> None:  # noqa: ANN401
         if hasattr(optimizer, "_create_all_weights"):
             with tf.name_scope(optimizer._name), tf.init_scope():
                 optimizer._create_all_weights(model.trainable_variables)
+        elif keras_compat.is_keras3(optimizer):
+            with tf.init_scope():
+                optimizer.build(model.trainable_variables)
         else:
             with tf.name_scope(optimizer.name or "optimizer"), tf.init_scope():
                 optimizer.build(model.trainable_variables)

@@ -42,7 +42,10 @@ def script(name: str) -> str:
 
 
 def job_env(hold: Path, hold_at: int) -> dict[str, str]:
+    """The scripts' environment: legacy Keras, as Horovod's own Keras API needs from TensorFlow
+    2.16 on (tf-keras; on Keras 3 its DistributedOptimizer is refused: docs/upgrading.md)."""
     return {
+        "TF_USE_LEGACY_KERAS": "1",
         "PYTHONPATH": os.pathsep.join([str(SCRIPTS), str(ROOT / "tests" / "scripts")]),
         "COMPAT_HOLD_FILE": str(hold),
         "COMPAT_HOLD_AT": str(hold_at),

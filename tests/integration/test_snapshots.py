@@ -101,7 +101,13 @@ def run_and_check(job: Job, folder: Path, hold_file: Path) -> None:
     assert min(steps) >= killed_at - COMMIT_EVERY, (steps, killed_at)
     assert any("resumed from snapshot" in line for line in job.lines), job.tail()
     assert_consistent_finish(job, RANKS)  # and no "state lost"
-    assert not [line for line in job.lines if "lost" in line and "launcher]" in line], job.tail()
+    # Nothing lost but, at most, a starting process's lease: one that lapsed while the process
+    # imported TensorFlow on a loaded machine (it registers again; issue #43's per-node lease).
+    assert not [
+        line
+        for line in job.lines
+        if "lost" in line and "launcher]" in line and "lost its lease" not in line
+    ], job.tail()
     assert not folder.exists(), sorted(folder.rglob("*"))
 
 

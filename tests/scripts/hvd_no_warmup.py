@@ -48,6 +48,12 @@ def total(variables) -> float:
     return round(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in variables), 6)
 
 
+def optimizer_variables():
+    """A method in Keras 2, a property in Keras 3."""
+    variables = optimizer.variables
+    return variables() if callable(variables) else variables
+
+
 def report(event: str, state) -> None:
     record = {
         "event": event,
@@ -56,7 +62,7 @@ def report(event: str, state) -> None:
         "rank": hvd.rank(),
         "slot": os.environ.get("HOROVOD_HOSTNAME"),
         "checksum": total(model.variables),
-        "opt_checksum": total(optimizer.variables()),
+        "opt_checksum": total(optimizer_variables()),
     }
     print(json.dumps(record), flush=True)
 

@@ -61,6 +61,12 @@ def checksum(variables):
     return round(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in variables), 6)
 
 
+def optimizer_checksum(optimizer):
+    """checksum() of the optimizer's variables (a method on Keras 2, a property on Keras 3)."""
+    variables = optimizer.variables
+    return checksum(variables() if callable(variables) else variables)
+
+
 def emit(event, state, model, **extra):
     """Print {"event", "step", "size", "rank", "checksum", "slot", ...extra} as one line."""
     weights = sum(float(tf.reduce_sum(v)) for v in model.variables)

@@ -32,7 +32,7 @@ ea.warm_up(step_fn)
 
 
 def emit(event, state):
-    tiny_model.emit(event, state, model, opt_checksum=tiny_model.checksum(optimizer.variables()))
+    tiny_model.emit(event, state, model, opt_checksum=tiny_model.optimizer_checksum(optimizer))
 
 
 state = ea.State(model, optimizer, step=0)
