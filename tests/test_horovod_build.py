@@ -5,6 +5,7 @@ from another TensorFlow); wrong input gets one clear error.
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 import tarfile
@@ -55,6 +56,18 @@ def test_the_installed_horovod_is_the_build_for_this_stack() -> None:
     assert horovod_build.installed_key(sys.executable) == target.key()
     assert f"-tf{tf.__version__}-" in target.key()
     assert horovod_build.patch_digest()[:12] in target.key()
+
+
+def test_the_cpu_stack_installed_no_cuda_build_of_tensorflow() -> None:
+    """`make setup` pins tensorflow-cpu; tf-keras, which names `tensorflow` (the CUDA build) as
+    its dependency, is installed without it: no second TensorFlow, no NVIDIA wheels."""
+    names = {
+        dist.metadata["Name"].lower().replace("_", "-")
+        for dist in importlib.metadata.distributions()
+    }
+    assert "tensorflow-cpu" in names
+    assert "tensorflow" not in names
+    assert not sorted(n for n in names if n.startswith("nvidia-"))
 
 
 def test_keys_differ_by_tensorflow_python_and_gpu_operations() -> None:

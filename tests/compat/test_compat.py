@@ -24,7 +24,7 @@ import pytest
 
 from elastic_allreduce.records import keys
 from elastic_allreduce.store import EmbeddedEtcd
-from tests.conftest import ROOT
+from tests.conftest import ROOT, installed_version
 from tests.integration.harness import Event, Job, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -35,6 +35,8 @@ SCRIPTS = ROOT / "tests" / "compat" / "scripts"
 STEADY = ("--start-grace", "120", "--lease-ttl", "10", "--stuck-timeout", "45")
 #: Seconds to wait for the ring to hold, and for a restarted process to be back in it.
 RING_WAIT = 150.0
+#: Keras 3 is the `keras` package here (TensorFlow 2.16 and later), whatever the environment says.
+KERAS_3_INSTALLED = int((installed_version("keras") or "0").split(".")[0]) >= 3
 
 
 def script(name: str) -> str:
@@ -42,10 +44,11 @@ def script(name: str) -> str:
 
 
 def job_env(hold: Path, hold_at: int) -> dict[str, str]:
-    """The scripts' environment: legacy Keras, as Horovod's own Keras API needs from TensorFlow
-    2.16 on (tf-keras; on Keras 3 its DistributedOptimizer is refused: docs/upgrading.md)."""
+    """The scripts' environment: where Keras 3 is installed, legacy Keras, as Horovod's own Keras
+    API needs from TensorFlow 2.16 on (tf-keras; on Keras 3 its DistributedOptimizer is refused:
+    docs/upgrading.md). TensorFlow 2.15 would look for tf-keras too if asked, so it is not."""
     return {
-        "TF_USE_LEGACY_KERAS": "1",
+        **({"TF_USE_LEGACY_KERAS": "1"} if KERAS_3_INSTALLED else {}),
         "PYTHONPATH": os.pathsep.join([str(SCRIPTS), str(ROOT / "tests" / "scripts")]),
         "COMPAT_HOLD_FILE": str(hold),
         "COMPAT_HOLD_AT": str(hold_at),
