@@ -106,11 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _required(contract.job_id, env.JOB_ID),
         outage_timeout=contract.outage_timeout,
     )
+    # The slow import happens before this process registers, and so before it says it is
+    # ready: TensorFlow 2.21's import holds the GIL for over a second at a time (0.3 s for
+    # 2.15), several on a loaded machine -- longer than the lease TTL -- and a lease already
+    # granted would lapse with its keep-alive thread stalled. Until its record appears the
+    # launcher counts the process as not started yet; its agent reports its exit either way.
+    import horovod.tensorflow  # noqa: F401, PLC0415
+
     record = ProcRecord(os.getpid(), contract.incarnation, ProcPhase.STARTING)
     registration = Registration(store, slot, record, contract.process_ttl)
-
-    # The slow import happens before this process says it is ready.
-    import horovod.tensorflow  # noqa: F401, PLC0415
 
     host = _required(contract.rendezvous_addr, env.HOROVOD_RENDEZVOUS_ADDR)
     given_port = contract.rendezvous_port
