@@ -207,7 +207,8 @@ def test_checkpoints_persisted_by_the_agents_bring_back_a_job_whose_nodes_all_di
     }
     assert len(resumed) == 2, job.tail()
     killed_at = last_step_before_restart(job, 2, slots)
-    assert 0 < min(resumed.values()) <= killed_at, (resumed, killed_at)
+    # One commit more only if the kill came between a commit and the line that reports it.
+    assert 0 < min(resumed.values()) <= killed_at + COMMIT_EVERY, (resumed, killed_at)
     assert any("resumed from checkpoint" in line for line in job.lines), job.tail()
     # Every checkpoint came from an agent's copy: rank 0 wrote none itself.
     assert not [line for line in job.lines if "here:" in line and "checkpoint" in line]
