@@ -66,8 +66,9 @@ LOCAL_SIZE: Final = "ELASTIC_ALLREDUCE_LOCAL_SIZE"
 #: agent; empty when the node was given none). elastic_allreduce.bootstrap.gpu selects it in
 #: TensorFlow.
 GPU_INDEX: Final = "ELASTIC_ALLREDUCE_GPU_INDEX"
-#: TTL in seconds of a training process's liveness lease (set by the agent).
-PROCESS_TTL: Final = "ELASTIC_ALLREDUCE_PROCESS_TTL"
+#: The id of the node's lease, which its agent keeps alive: a training process writes its
+#: ``procs/<slot>`` record under it (set by the agent).
+NODE_LEASE: Final = "ELASTIC_ALLREDUCE_NODE_LEASE"
 #: Seconds an agent keeps its node in a job that has no launcher (default 60).
 LEADERLESS_GRACE: Final = "ELASTIC_ALLREDUCE_LEADERLESS_GRACE"
 #: Seconds a leaving node (SIGTERM to its agent) waits to be let go before it stops its

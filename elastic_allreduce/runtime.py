@@ -92,8 +92,9 @@ class ProcessContract:
     incarnation: int = 1
     etcd: str | None = None
     job_id: str | None = None
-    #: TTL in seconds of the process's lease (the job's --lease-ttl).
-    process_ttl: int = 3
+    #: The node's lease as the process started (its agent keeps it alive; the process's
+    #: record lives under it).
+    node_lease: int | None = None
     #: Seconds the process's store calls wait out an unreachable etcd (--outage-timeout).
     outage_timeout: float = 0.0
     #: The node's --nproc-per-node, above the slot's index (None outside elastic-run).
@@ -124,7 +125,7 @@ class ProcessContract:
             env.INCARNATION: str(self.incarnation),
             env.ETCD_ENDPOINTS: self.etcd,
             env.JOB_ID: self.job_id,
-            env.PROCESS_TTL: str(self.process_ttl),
+            env.NODE_LEASE: _text(self.node_lease),
             env.OUTAGE_TIMEOUT: str(self.outage_timeout),
             env.LOCAL_SIZE: _text(self.local_size),
             env.GPU_INDEX: _text(self.gpu_index) or "",
@@ -153,7 +154,7 @@ class ProcessContract:
             incarnation=_or(_whole(environ, env.INCARNATION, minimum=1), 1),
             etcd=environ.get(env.ETCD_ENDPOINTS) or None,
             job_id=environ.get(env.JOB_ID) or None,
-            process_ttl=_or(_whole(environ, env.PROCESS_TTL, minimum=1), 3),
+            node_lease=_whole(environ, env.NODE_LEASE, minimum=1),
             outage_timeout=env.seconds_in(
                 environ, env.OUTAGE_TIMEOUT, 0.0, below=86400, hint="the job's --outage-timeout"
             ),

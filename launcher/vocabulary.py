@@ -27,7 +27,7 @@ from elastic_allreduce.rendezvous.protocol import WaitKind
 
 @dataclass(frozen=True)
 class Proc:
-    """A live training process (its ``procs/<slot>`` key exists under its own lease)."""
+    """A live training process (its ``procs/<slot>`` key exists, under its node's lease)."""
 
     slot: str
     incarnation: int

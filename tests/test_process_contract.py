@@ -15,7 +15,7 @@ FULL = ProcessContract(
     incarnation=4,
     etcd="10.0.0.1:2379,10.0.0.2:2379",
     job_id="job-1",
-    process_ttl=5,
+    node_lease=0x694D8A2F0C31E5,
     outage_timeout=12.5,
     local_size=8,
     gpu_index=3,
@@ -57,7 +57,7 @@ def test_outside_elastic_run_every_field_is_unset() -> None:
     ("name", "value", "message"),
     [
         (env.INCARNATION, "two", r"ELASTIC_ALLREDUCE_INCARNATION='two': give a whole number"),
-        (env.PROCESS_TTL, "0", r"ELASTIC_ALLREDUCE_PROCESS_TTL='0': give a whole number"),
+        (env.NODE_LEASE, "0x1f", r"ELASTIC_ALLREDUCE_NODE_LEASE='0x1f': give a whole number"),
         (env.OUTAGE_TIMEOUT, "-1", r"ELASTIC_ALLREDUCE_OUTAGE_TIMEOUT='-1': give seconds"),
         (env.GPU_INDEX, "cuda:0", r"is not a GPU index"),
         (env.KEEP_CHECKPOINTS, "0", r"ELASTIC_ALLREDUCE_KEEP_CHECKPOINTS='0'"),

@@ -2,9 +2,9 @@
 
 The agent runs every training process through this module, which
 
-1. registers the process in the store under a lease of its own (``procs/<slot>``), so a hung
-   process (SIGSTOP, a deadlock) is noticed when its lease expires; a lease that etcd let
-   expire during an outage is replaced and the record written again (:class:`Registration`);
+1. registers the process in the store (``procs/<slot>``) under its node's lease, which the
+   agent keeps alive (:class:`Registration`): the agent deletes the record when the process
+   exits and kills a stopped one, the launcher's watchdogs replace a hung one;
 2. imports TensorFlow and Horovod -- the slow part -- *before* saying it is ready, so that once
    its epoch starts it reaches ``hvd.init()`` in moments;
 3. waits at the launcher's rendezvous until every member of its first epoch is ready, then sets
@@ -106,15 +106,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _required(contract.job_id, env.JOB_ID),
         outage_timeout=contract.outage_timeout,
     )
-    # The slow import happens before this process registers, and so before it says it is
-    # ready: TensorFlow 2.21's import holds the GIL for over a second at a time (0.3 s for
-    # 2.15), several on a loaded machine -- longer than the lease TTL -- and a lease already
-    # granted would lapse with its keep-alive thread stalled. Until its record appears the
-    # launcher counts the process as not started yet; its agent reports its exit either way.
+    # The slow import happens before this process registers: until its record appears the
+    # launcher counts the process as not started yet (its agent reports its exit either way).
     import horovod.tensorflow  # noqa: F401, PLC0415
 
     record = ProcRecord(os.getpid(), contract.incarnation, ProcPhase.STARTING)
-    registration = Registration(store, slot, record, contract.process_ttl)
+    node_lease = _required(
+        None if contract.node_lease is None else str(contract.node_lease), env.NODE_LEASE
+    )
+    registration = Registration(store, slot, record, int(node_lease))
 
     host = _required(contract.rendezvous_addr, env.HOROVOD_RENDEZVOUS_ADDR)
     given_port = contract.rendezvous_port
@@ -189,8 +189,8 @@ def _run_script(args: list[str], registration: Registration) -> int:
         raise
     finally:
         if code == 0:
-            # Said before the interpreter shuts down, which may outlast this lease's keep-alive;
-            # a script that ends with sys.exit(0) has finished too.
+            # Said before the interpreter shuts down, which may take a while (the launcher
+            # waits for it); a script that ends with sys.exit(0) has finished too.
             try:
                 registration.update(replace(registration.record, phase=ProcPhase.FINISHED))
             except StoreError as exc:

@@ -52,7 +52,8 @@ class ProcPhase(str, enum.Enum):
     STARTING = "starting"
     #: Admitted to an epoch; the user's script runs.
     TRAINING = "training"
-    #: The script ended successfully; the interpreter is shutting down (its lease may lapse).
+    #: The script ended successfully; the interpreter is shutting down (its agent deletes the
+    #: record when it exits).
     FINISHED = "finished"
 
 
@@ -405,7 +406,7 @@ class MemberRecord:
 
 @dataclass(frozen=True)
 class ProcRecord:
-    """``procs/<slot>``: a live training process, under its own lease."""
+    """``procs/<slot>``: a live training process, under its node's lease (``lease``)."""
 
     pid: int
     incarnation: int

@@ -23,7 +23,9 @@ Revisions and atomicity
 Leases
     A lease is granted with a TTL in whole seconds and kept alive by one background thread owned
     by the :class:`Lease`. Keys written under a lease vanish when it expires or is revoked.
-    Liveness is decided by the server's TTL, never by comparing clocks.
+    Liveness is decided by the server's TTL, never by comparing clocks. A key may also be
+    written under a lease another process keeps alive (:class:`LeaseRef`: a training process's
+    record under its node's lease); the write fails with LeaseLostError once that lease is gone.
 
 Watches
     :meth:`Store.watch_prefix` delivers every change under a prefix, in revision order, from a
@@ -207,6 +209,14 @@ class Lease(abc.ABC):
         self.revoke()
 
 
+@dataclass(frozen=True)
+class LeaseRef:
+    """A lease kept alive by another process (a node's, by its agent): keys may be written
+    under it, but this holder neither renews nor revokes it."""
+
+    id: int
+
+
 class Watch(abc.ABC):
     """A stream of :class:`WatchEvent` under one prefix, in revision order."""
 
@@ -277,7 +287,7 @@ class Store(abc.ABC):
         """All keys under a relative prefix ('' = the whole job), at one revision."""
 
     @abc.abstractmethod
-    def put(self, key: str, value: JsonValue, *, lease: Lease | None = None) -> int:
+    def put(self, key: str, value: JsonValue, *, lease: Lease | LeaseRef | None = None) -> int:
         """Write unconditionally; return the new store revision."""
 
     @abc.abstractmethod
@@ -287,14 +297,16 @@ class Store(abc.ABC):
         value: JsonValue,
         *,
         expected_mod_revision: int,
-        lease: Lease | None = None,
+        lease: Lease | LeaseRef | None = None,
     ) -> int | None:
         """Write only if the key's mod_revision equals the expected one (0 = key absent).
 
         Returns the new revision, or None when the comparison failed (nothing was written).
         """
 
-    def create(self, key: str, value: JsonValue, *, lease: Lease | None = None) -> int | None:
+    def create(
+        self, key: str, value: JsonValue, *, lease: Lease | LeaseRef | None = None
+    ) -> int | None:
         """Write only if the key is absent; return the new revision or None if it exists."""
         return self.compare_and_swap(key, value, expected_mod_revision=0, lease=lease)
 

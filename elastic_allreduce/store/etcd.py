@@ -59,6 +59,7 @@ from elastic_allreduce.store.api import (
     EventType,
     KeyValue,
     Lease,
+    LeaseRef,
     Snapshot,
     Store,
     Watch,
@@ -623,7 +624,9 @@ class EtcdStore(Store):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _put_request(self, key: str, value: JsonValue, lease: Lease | None) -> dict[str, Any]:
+    def _put_request(
+        self, key: str, value: JsonValue, lease: Lease | LeaseRef | None
+    ) -> dict[str, Any]:
         request: dict[str, Any] = {
             "key": _b64(self.absolute(key)),
             "value": base64.b64encode(codec.encode(value)).decode(),
@@ -632,7 +635,7 @@ class EtcdStore(Store):
             request["lease"] = str(lease.id)
         return request
 
-    def put(self, key: str, value: JsonValue, *, lease: Lease | None = None) -> int:
+    def put(self, key: str, value: JsonValue, *, lease: Lease | LeaseRef | None = None) -> int:
         reply = self._call("kv/put", self._put_request(key, value, lease))
         return _int(reply["header"], "revision")
 
@@ -642,7 +645,7 @@ class EtcdStore(Store):
         value: JsonValue,
         *,
         expected_mod_revision: int,
-        lease: Lease | None = None,
+        lease: Lease | LeaseRef | None = None,
         guard: Guard | None = None,
     ) -> int | None:
         """See Store.compare_and_swap; with ``guard``, also only while that key is held under

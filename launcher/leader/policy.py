@@ -99,7 +99,7 @@ SCRIPT_ERROR_LINES: Final = 6
 
 @dataclass(frozen=True)
 class LostLease:
-    """A process lease lost with no exit report, waiting to be settled."""
+    """A process record gone with no exit report (its node's lease), waiting to be settled."""
 
     incarnation: int
     #: When it was seen lost (the view's clock).
@@ -515,7 +515,8 @@ class RingPolicy:
     # -- lost leases ---------------------------------------------------------------------------
 
     def _on_lost_leases(self, view: JobView) -> list[Decision]:
-        """Slots whose process lease expired with no exit report: hung or cut off."""
+        """Slots whose process record vanished with no exit report: its node's lease expired
+        (the node hung or was cut off, or etcd let it expire in an outage)."""
         decisions: list[Decision] = []
         for slot, incarnation in list(self.incarnations.items()):
             if slot in view.procs and view.procs[slot].incarnation == incarnation:

@@ -11,7 +11,8 @@ stopped as a whole or cut off.
 An agent that cannot renew its lease asks the launcher whether it still counts the node
 (``node_standing``): if so, etcd is away for everyone (an outage, which is weather) and the
 processes train on; when etcd returns having let the lease expire, the node registers again
-under a new lease, keeping its processes. Only a node the launcher no longer counts, or cannot
+under a new lease, keeping its processes (their ``procs/<slot>`` records, under the node's
+lease, are written again). Only a node the launcher no longer counts, or cannot
 be reached from, is cut off: it stops its processes (:meth:`Agent._fence`).
 """
 
@@ -178,6 +179,7 @@ class Agent:
             with contextlib.suppress(StoreError):
                 self.store.revoke_lease(self._lease.id)
         lease = self._lease = self.store.grant_lease(settings.lease_ttl)
+        self.processes.node_lease = lease.id
         probe = self._listener.port if self._listener is not None else None
         member = self._member = MemberRecord(
             settings.host,
@@ -370,6 +372,7 @@ class Agent:
                 )
                 if job.ring is not None:
                     self._ring = job.ring.record
+                self.processes.remember({slot: p.record for slot, p in job.procs.items()})
                 rendezvous = self._follow_leader(job, rendezvous)
                 if self._ended(job.status):
                     return 0
@@ -459,21 +462,32 @@ class Agent:
         return True
 
     def _register_again(self) -> bool:
-        """After etcd let the lease expire: the member record again, under a new lease."""
+        """After etcd let the lease expire: the member record again, under a new lease, and the
+        records of the live processes (they were under the old one); False when etcd refused
+        (the next look asks the launcher again)."""
         settings = self.settings
+        lease = None
         try:
             if self._lease is not None:
                 # etcd reports an expired lease before it deleted the lease's keys.
                 self.store.revoke_lease(self._lease.id)
             lease = self.store.grant_lease(settings.lease_ttl)
+            member = self._member.to_json()
+            if self.store.create(keys.member(settings.node_id), member, lease=lease) is None:
+                lease.revoke()
+                return False
+            self.processes.node_lease = lease.id
+            for index, record in self.processes.records.items():
+                slot = keys.slot_id(settings.node_id, index)
+                # Only where absent: the process itself may have written a newer one already.
+                self.store.create(
+                    keys.proc(slot), replace(record, lease=lease.id).to_json(), lease=lease
+                )
         except StoreError as exc:
             log.warning("[%s node %s] %s", settings.job_id, settings.node_id, exc)
-            return False
-        if (
-            self.store.create(keys.member(settings.node_id), self._member.to_json(), lease=lease)
-            is None
-        ):
-            lease.revoke()
+            if lease is not None:
+                with contextlib.suppress(StoreError):
+                    lease.revoke()
             return False
         self._lease = lease
         self._standing = None

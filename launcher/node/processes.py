@@ -1,14 +1,14 @@
 """A node's training processes, supervised: started through :mod:`elastic_allreduce.bootstrap`
 with the agent -> process contract (:class:`elastic_allreduce.runtime.ProcessContract`), their
 output prefixed with job, ring epoch, rank and slot, their exits reported at
-``exits/<slot>/<incarnation>`` (then the dead process's lease revoked, so the launcher learns
-of it at once), stopped ones killed, all of them stopped when the node stops.
+``exits/<slot>/<incarnation>`` (then the dead process's ``procs/<slot>`` record deleted: it is
+under the node's lease, which the agent keeps alive), stopped ones killed, all of them stopped
+when the node stops.
 
 Every STATE_CHECK_INTERVAL the supervisor looks at its processes' state in
 ``/proc/<pid>/stat``: a process that stays stopped (``T``: SIGSTOP, SIGTSTP; ``t``: held by a
 tracer) for STOPPED_LIMIT is killed and reported like any exit, with a note in its output tail,
-so the launcher handles it as a hung process about half a second after the stop instead of
-when its lease expires.
+so the launcher handles it as a hung process about half a second after the stop.
 
 The agent (:mod:`launcher.node.agent`) decides which incarnation of each slot runs; this module
 only does what it is told, and hands each exit back to the agent's loop.
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
@@ -110,6 +110,13 @@ class Processes:
         #: the job's configuration).
         self.outage_timeout = 0.0
         self.warm_join = False
+        #: The node's lease now (the agent sets it at each registration): a process started
+        #: next writes its record under it.
+        self.node_lease: int | None = None
+        #: Each live process's record as last seen in the store, by slot index: the agent
+        #: writes them again when it registers the node under a new lease (after etcd let the
+        #: old one expire in an outage, which took the records with it).
+        self.records: dict[int, ProcRecord] = {}
         self._print_lock = threading.Lock()
         self._next_state_check = 0.0
         self._devices = slot_devices(
@@ -167,7 +174,7 @@ class Processes:
             incarnation=incarnation,
             etcd=settings.etcd,
             job_id=settings.job_id,
-            process_ttl=settings.lease_ttl,
+            node_lease=self.node_lease,
             outage_timeout=self.outage_timeout,
             local_size=settings.nproc_per_node,
             gpu_index=int(self._devices[index]) if self._devices[index] else None,
@@ -341,6 +348,14 @@ class Processes:
             log.warning("[%s] could not report the exit: %s", self.prefix(slot), exc)
         if self.running.get(proc.index) is proc:
             del self.running[proc.index]
+            self.records.pop(proc.index, None)
+
+    def remember(self, records: Mapping[str, ProcRecord]) -> None:
+        """Note the records of this node's live processes as the store has them now."""
+        for index, proc in self.running.items():
+            record = records.get(slot_id(self.settings.node_id, index))
+            if record is not None and record.incarnation == proc.incarnation:
+                self.records[index] = record
 
     def _report_exit(self, proc: Process, slot: str) -> None:
         tail = tuple(proc.tail)
@@ -351,13 +366,14 @@ class Processes:
         record = ExitRecord.from_returncode(proc.popen.returncode, tail, error)
         self._store.put(keys.exit_(slot, proc.incarnation), record.to_json())
         registered = self._store.get(keys.proc(slot))
-        if registered is not None and registered.lease is not None and registered.malformed is None:
+        if registered is not None and registered.malformed is None:
             try:
                 incarnation = ProcRecord.from_json(registered.key, registered.value).incarnation
             except ElasticAllreduceError:
                 incarnation = None
             if incarnation == proc.incarnation:
-                self._store.revoke_lease(registered.lease)
+                # Its record, not a newer incarnation's (a replacement may have registered).
+                self._store.delete(keys.proc(slot), expected_mod_revision=registered.mod_revision)
         log.info(
             "[%s] incarnation %d exited (%s)",
             self.prefix(slot),

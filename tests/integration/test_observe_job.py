@@ -89,12 +89,17 @@ def test_metrics_dashboard_and_timeline_follow_a_kill_and_a_join(
     etcd_server: EmbeddedEtcd, jobs: list[Job], tmp_path: Path
 ) -> None:
     events_file = tmp_path / "events.jsonl"
+    # The ring holds at its commits from step 15 until the test lets it go: on a loaded machine
+    # the lone survivor finished all its steps before the restarted process and the joiner had
+    # imported TensorFlow (CI, TF 2.21), and size 3 never came.
+    hold = tmp_path / "hold"
+    hold.touch()
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-workers", "3", "--max-restarts", "1"),
         *("--metrics-port", "0", "--events-file", str(events_file)),
         script=EA_SCRIPT,  # ea.State reports each commit (status/progress)
-        script_args=TRAIN,
+        script_args=(*TRAIN, "--hold-file", str(hold), "--hold-at", "15"),
     )
     jobs.append(job)
     job.wait_for(lambda: len(job.commits(2)) >= 3, 120, "commits at size 2")
@@ -109,6 +114,17 @@ def test_metrics_dashboard_and_timeline_follow_a_kill_and_a_join(
     os.kill(job.pid(keys.proc(victim)), signal.SIGKILL)
     joiner = join_job(etcd_server, job)
     jobs.append(joiner)
+
+    def held_at_3() -> set[str]:
+        """The slots holding at size 3 (the joiner's output is its own)."""
+        return {
+            e.slot
+            for e in (*job.events, *joiner.events)
+            if e.data.get("event") == "held" and e.data["size"] == 3
+        }
+
+    job.wait_for(lambda: len(held_at_3()) == 3, 150, "the ring of 3 to hold")
+    hold.unlink()
     job.wait_for(lambda: len(job.commits(3)) >= 3, 120, "commits at size 3")
     after = metrics(dashboard)
     assert changes(after, "Crashed") == 1

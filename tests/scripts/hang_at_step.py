@@ -10,11 +10,14 @@ decides when training ends. Faults:
   step N; with ``--once FILE`` only the first process to get there does (it creates FILE);
 * ``--slow-first-step S``: every process's first step takes S seconds longer;
 * ``--slow-eval-at-step N --slow-eval S``: an evaluation marked with ``ea.phase`` takes S seconds
-  on every rank at step N (once per process).
+  on every rank at step N (once per process);
+* ``--hog-gil-at-step N --hog-gil S``: every rank holds the GIL for S seconds before step N (once
+  per process), its other threads stalled -- as TensorFlow's import or a long trace does.
 """
 
 import argparse
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -33,12 +36,15 @@ parser.add_argument("--stop-file")
 parser.add_argument("--slow-first-step", type=float, default=0.0)
 parser.add_argument("--slow-eval-at-step", type=int)
 parser.add_argument("--slow-eval", type=float, default=0.0)
+parser.add_argument("--hog-gil-at-step", type=int)
+parser.add_argument("--hog-gil", type=float, default=0.0)
 args = parser.parse_args()
 
 ea.init()
 model, optimizer, step_fn = tiny_model.build()
 state = ea.State(model, optimizer, step=0)
 evaluated = []
+hogged = []
 
 
 def hang_here():
@@ -51,6 +57,19 @@ def hang_here():
     print(f"rank {ea.rank()} sleeps at step {state.step}", flush=True)
     while True:
         time.sleep(3600)
+
+
+def hog_gil(seconds):
+    """Busy in Python for ``seconds`` without letting another thread of this process run."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 60.0)  # no thread switch while this loop runs
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < seconds:
+            pass
+    finally:
+        sys.setswitchinterval(interval)
+    print(f"rank {ea.rank()} held the GIL for {time.monotonic() - start:.1f} s", flush=True)
 
 
 def stopped():
@@ -72,6 +91,9 @@ def train(state):
         if first and args.slow_first_step:
             time.sleep(args.slow_first_step)
         first = False
+        if state.step == args.hog_gil_at_step and not hogged:
+            hogged.append(state.step)
+            hog_gil(args.hog_gil)
         step_fn()
         state.step += 1
         ea.report_step(state.step, total=args.steps)

@@ -15,7 +15,7 @@ from elastic_allreduce.errors import (
     StoreError,
     WatchClosedError,
 )
-from elastic_allreduce.store import EventType, Lease, Store, Watch, WatchEvent
+from elastic_allreduce.store import EventType, Lease, LeaseRef, Store, Watch, WatchEvent
 from tests.conftest import StoreFactory, fresh_job_id, start_python, write_raw
 
 
@@ -202,6 +202,26 @@ def test_keepalive_holds_a_key_past_several_ttls_and_revoke_deletes_it(
     assert (deleted.type, deleted.key) == (EventType.DELETE, "members/me")
     assert lease.lost
     lease.revoke()  # idempotent
+
+
+def test_a_key_lives_under_a_lease_another_client_keeps_alive(store_factory: StoreFactory) -> None:
+    """A training process writes under its node's lease, which its agent keeps alive: the key
+    lives as long as that lease, and a write under a lease that is gone fails (nothing is
+    written, so a record never outlives its node)."""
+    job = fresh_job_id()
+    holder, writer = store_factory(job), store_factory(job)
+    lease = holder.grant_lease(1)
+    revision = writer.put("procs/n0.0", 1, lease=LeaseRef(lease.id))
+    watch = writer.watch_prefix("procs/", start_revision=revision + 1)
+    assert watch.get(3.0) is None  # three TTLs: the holder's keep-alive holds the key
+    kv = writer.get("procs/n0.0")
+    assert kv is not None and kv.lease == lease.id
+    lease.revoke()
+    deleted = next_event(watch, timeout=5)
+    assert (deleted.type, deleted.key) == (EventType.DELETE, "procs/n0.0")
+    with pytest.raises(LeaseLostError, match="the lease is gone"):
+        writer.put("procs/n0.0", 2, lease=LeaseRef(lease.id))
+    assert writer.get("procs/n0.0") is None
 
 
 def let_expire(lease: Lease, holder: Store, watcher: Store) -> None:
