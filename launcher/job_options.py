@@ -173,8 +173,8 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_START_GRACE,
         metavar="S",
-        help="seconds the first ring waits for every starting worker node to be ready (a "
-        "training process's first import of TensorFlow takes seconds, more on a busy machine) "
+        help="seconds the first ring waits, once the first worker node is ready, for the other "
+        "starting ones (their import of TensorFlow may take seconds longer on a busy machine) "
         "before it starts with those that are, if at least --min-workers; the others join as "
         f"they get ready (default {_number(DEFAULT_START_GRACE)}; 0: start with the first "
         "--min-workers)",

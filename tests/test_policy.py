@@ -146,6 +146,22 @@ def test_after_the_start_grace_the_first_epoch_starts_with_enough_workers() -> N
     assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1}
 
 
+def test_the_start_grace_counts_from_the_first_ready_worker_not_from_the_start() -> None:
+    """TensorFlow 2.21's import took 18 s on a loaded machine (make test): a grace counted from
+    the job's start was over before any process was ready, and the first ring started with the
+    first one alone."""
+    policy, world = make_policy(min_workers=1, start_grace=10.0), World()
+    policy.nodes_started(["n0", "n1", "n2"], 0.0)
+    world.now = 18.0
+    world.add_node("n0")
+    assert of(WriteRing, step(policy, world)) == []
+    world.now = 21.0
+    world.add_node("n1")
+    assert of(WriteRing, step(policy, world)) == []
+    world.now = 28.5  # n2 is not ready 10 s after n0 was: the ring starts without it
+    assert answers(step(policy, world)) == {"n0.0": 0, "n1.0": 1}
+
+
 def test_a_crash_without_restarts_drops_the_slot_and_survivors_keep_their_order() -> None:
     policy, world, slots = started_job()
     world.kill(slots[0])

@@ -301,6 +301,9 @@ class RingPolicy:
         self.settings = settings
         self.rendezvous = rendezvous
         self.started_at = started_at
+        #: When the first worker node of the first ring was ready: the start grace counts from
+        #: then, not from the job's start (TensorFlow's import alone can outlast it).
+        self.first_ready_at: float | None = None
         self._target_workers = target_workers
         self._target_reason = "the job's initial size"
         self.budget = RestartBudget(settings.max_restarts)
@@ -458,7 +461,7 @@ class RingPolicy:
     def _adopt(
         self, ring: Ring | None, view: JobView, directives: Mapping[str, Mapping[int, int]]
     ) -> list[Decision]:
-        self.started_at = view.now - self.settings.start_grace
+        self.started_at = self.first_ready_at = view.now - self.settings.start_grace
         for node in view.members:
             self.nodes.move(node, NodeState.REGISTERED, view.now)
             self.joined.add(node)
@@ -1022,7 +1025,12 @@ class RingPolicy:
         if ring is None:
             per_node = collections.Counter(split_slot(s)[0] for s in target)
             complete = {n for n, count in per_node.items() if count == self.settings.nproc_per_node}
-            grace_over = view.now - self.started_at >= self.settings.start_grace
+            if complete and self.first_ready_at is None:
+                self.first_ready_at = view.now
+            grace_over = (
+                self.first_ready_at is not None
+                and view.now - self.first_ready_at >= self.settings.start_grace
+            )
             # Nodes the cluster cannot place yet are not waited for: they join when they start.
             expected = self.target_workers - sum(
                 1 for n in view.pending_nodes if self.nodes.state(n) is NodeState.REQUESTED

@@ -48,6 +48,8 @@ def test_a_process_that_holds_the_gil_past_the_lease_ttl_is_not_replaced(
     job = start_job(
         etcd_server,
         *("--workers", "2", "--max-restarts", "1", "--lease-ttl", "3"),
+        # Both ranks in the first ring, whenever their TensorFlow import ends on this machine.
+        *("--start-grace", "120"),
         script=HANG_SCRIPT,
         script_args=(
             *("--steps", "60", "--commit-every", "5", "--step-delay", "0.02"),
