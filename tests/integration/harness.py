@@ -31,6 +31,7 @@ EA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_elastic.py")
 KERAS_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_keras_fit.py")
 DATA_SCRIPT = str(ROOT / "tests" / "scripts" / "ea_data.py")
 #: Trains until a stop file appears: the test decides when training ends (see :func:`until`).
+HANG_SCRIPT = str(ROOT / "tests" / "scripts" / "hang_at_step.py")
 UNTIL_SCRIPT = str(ROOT / "tests" / "scripts" / "train_until.py")
 #: The same scenarios run on a plain Horovod elastic script and on elastic_allreduce's API.
 SCRIPTS = {"horovod-api": HVD_SCRIPT, "elastic-allreduce-api": EA_SCRIPT}

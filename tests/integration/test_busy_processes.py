@@ -12,12 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.integration.harness import Job, start_job
+from tests.integration.harness import HANG_SCRIPT, Job, start_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-HANG_SCRIPT = str(ROOT / "tests" / "scripts" / "hang_at_step.py")
 #: Busy loops beside the job: a load of at least 8 on this 2-core machine (niced, so that
 #: they load the machine without starving the job's processes outright).
 BUSY_LOOPS = 8

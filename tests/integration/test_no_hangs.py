@@ -18,6 +18,7 @@ from elastic_allreduce.records import keys
 from elastic_allreduce.records.snapshot import read_job
 from tests.conftest import KERAS3, ROOT
 from tests.integration.harness import (
+    HANG_SCRIPT,
     HVD_SCRIPT,
     UNTIL_SCRIPT,
     Job,
@@ -181,7 +182,6 @@ def test_a_slot_removed_by_a_graceful_leave_exits_quietly(
 
 # -- the hang watchdog (--hang-timeout) ---------------------------------------------------------
 
-HANG_SCRIPT = str(ROOT / "tests" / "scripts" / "hang_at_step.py")
 HANG_TIMEOUT = 10.0
 
 
