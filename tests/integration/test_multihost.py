@@ -28,7 +28,7 @@ from tests.conftest import ROOT, fresh_job_id
 from tests.helpers import testhosts
 from tests.helpers.testhosts import Host, TestHosts
 from tests.integration.conftest import MakeTestHosts, assert_no_processes_left
-from tests.integration.harness import EA_SCRIPT, ELASTIC_RUN, UNTIL_SCRIPT
+from tests.integration.harness import EA_SCRIPT, ELASTIC_RUN, UNTIL_SCRIPT, until
 
 pytestmark = pytest.mark.slow
 
@@ -388,13 +388,17 @@ def interface_addresses(host: Host) -> dict[str, set[str]]:
 
 
 @pytest.mark.timeout(240)
-def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(netns_available: None) -> None:
+def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(
+    netns_available: None, tmp_path: Path
+) -> None:
     """Every host has IPv6 addresses only: the launcher (and its etcd) on one, nodes joining
     with a bare `join --etcd [V6]:PORT`. Horovod's own clients reach the launcher through each
     process's local relay, Gloo's pairs connect over IPv6, and the launcher's notifications
     reach the ranks over IPv6 (the restarted rank returns at a resize). A SIGKILLed rank's peer
     trains on alone, the rank is restarted and rejoins, and the job finishes at size 2 with
-    equal weights."""
+    equal weights. It trains until the test has seen the rank back (a stop file): on a loaded
+    machine the restarted process's import can outlast any fixed number of steps."""
+    stop_file = tmp_path / "stop"
     with TestHosts(3, ipv4=False) as hosts:
         for host in hosts:
             assert interface_addresses(host).keys() == {"inet6"}, interface_addresses(host)
@@ -405,8 +409,9 @@ def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(netns_available: None) -
             hosts,
             output,
             (*flags, *dashboard),
-            ("--steps", "500", "--step-delay", "0.02"),
+            until(stop_file, step_delay=0.02),
             family=socket.AF_INET6,
+            script=UNTIL_SCRIPT,
         )
         assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
         joins = {
@@ -432,6 +437,7 @@ def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(netns_available: None) -
         )
         back_after = output.commits(2, killed_at)[0][0] - killed_at
 
+        stop_file.touch()
         assert launcher.wait(timeout=120) == 0, output.tail()
         for name, proc in joins.items():
             assert proc.wait(timeout=60) == 0, f"{name}:\n{output.tail()}"
