@@ -35,6 +35,12 @@ Watches
     stops silently: when no endpoint answers for longer than its give-up time, the next
     :meth:`Watch.get` raises :class:`~elastic_allreduce.errors.StoreUnavailableError`.
 
+Deadlines
+    Calls wait out an unreachable store up to the implementation's outage limit. A caller with
+    a deadline of its own (an agent must be back in time to check its lease) makes its calls
+    inside :meth:`Store.give_up_at`: they then raise StoreUnavailableError at that moment
+    instead, each attempt also cut short to fit. The deadline is the calling thread's only.
+
 Errors
     Unreachable endpoints raise :class:`~elastic_allreduce.errors.StoreUnavailableError`; other
     server-side failures raise :class:`~elastic_allreduce.errors.StoreError`. A write whose reply
@@ -45,6 +51,7 @@ Errors
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import re
 import threading
@@ -259,6 +266,23 @@ class Store(abc.ABC):
         self.root = root
         #: Absolute prefix of this job's keys; ends with '/', so 'job1' never matches 'job10'.
         self.prefix = f"{root}/{job_id}/"
+        self._deadlines = threading.local()
+
+    @contextlib.contextmanager
+    def give_up_at(self, deadline: float) -> Iterator[None]:
+        """Inside: this thread's calls give up at ``deadline`` (``time.monotonic()``) with
+        StoreUnavailableError rather than wait out an outage past it (nested: the earlier)."""
+        outer: float | None = getattr(self._deadlines, "at", None)
+        self._deadlines.at = deadline if outer is None else min(outer, deadline)
+        try:
+            yield
+        finally:
+            self._deadlines.at = outer
+
+    def caller_deadline(self) -> float | None:
+        """The deadline this thread's calls give up at (:meth:`give_up_at`); None: none."""
+        at: float | None = getattr(self._deadlines, "at", None)
+        return at
 
     def absolute(self, key: str, *, allow_empty: bool = False) -> str:
         """The absolute key of a relative key (or prefix) in this job's scope."""

@@ -32,6 +32,7 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import queue
 import random
 import socket
@@ -538,11 +539,25 @@ class EtcdStore(Store):
     # -- calls through an outage ---------------------------------------------------------------
 
     def _call(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        return self._retrying(lambda: self._transport.call(path, payload))[0]
+        return self._retrying(
+            lambda: self._transport.call(path, payload, timeout=self._attempt_timeout())
+        )[0]
+
+    def _attempt_timeout(self) -> float | None:
+        """Seconds each endpoint may take in one attempt, so that the attempt ends by the
+        caller's deadline (None: the request timeout); in half-second steps, as the transport
+        keeps a client per timeout in use."""
+        at = self.caller_deadline()
+        if at is None:
+            return None
+        share = (at - time.monotonic()) / len(self._transport.endpoints)
+        fits = max(0.5, math.ceil(share * 2) / 2)
+        return fits if fits < self._transport.request_timeout else None
 
     def _retrying(self, attempt: Callable[[], _T]) -> tuple[_T, bool]:
         """``attempt()``, retried while etcd is unreachable for up to ``outage_timeout``
-        seconds; its result and whether an attempt failed first (it may have been applied)."""
+        seconds (or to the caller's deadline, if earlier); its result and whether an attempt
+        failed first (it may have been applied)."""
         deadline: float | None = None
         pause = RETRY_FIRST
         while True:
@@ -551,6 +566,11 @@ class EtcdStore(Store):
             except StoreUnavailableError as exc:
                 self._answering = False
                 now = time.monotonic()
+                caller = self.caller_deadline()
+                if caller is not None and now >= caller:
+                    raise StoreUnavailableError(
+                        f"{exc} (gave up at the caller's deadline)"
+                    ) from exc
                 if deadline is None:
                     if self.outage_timeout <= 0:
                         raise
@@ -559,7 +579,9 @@ class EtcdStore(Store):
                         "job %s: %s; retrying for up to %.0f s",
                         self.job_id,
                         exc,
-                        self.outage_timeout,
+                        self.outage_timeout
+                        if caller is None
+                        else min(self.outage_timeout, caller - now),
                     )
                 if now >= deadline or self._closing.is_set():
                     raise StoreUnavailableError(
@@ -567,7 +589,8 @@ class EtcdStore(Store):
                         f"(--outage-timeout): {exc}"
                     ) from exc
                 jitter = random.uniform(0.5, 1.0)  # noqa: S311 - spreads retries, no secret
-                self._closing.wait(min(pause * jitter, deadline - now))
+                until = deadline if caller is None else min(deadline, caller)
+                self._closing.wait(min(pause * jitter, until - now))
                 pause = min(pause * 2, RETRY_LONGEST)
                 continue
             self._answering = True
@@ -717,7 +740,9 @@ class EtcdStore(Store):
                 }
             )
         return self._transport.call_reporting(
-            "kv/txn", {"compare": compare, "success": [operation], "failure": []}
+            "kv/txn",
+            {"compare": compare, "success": [operation], "failure": []},
+            timeout=self._attempt_timeout(),
         )
 
     def put_guarded(

@@ -66,14 +66,21 @@ log = logging.getLogger(__name__)
 REACHABLE_GRACE: Final = 5.0
 _LEAVE: Final = "leave"
 
-#: Seconds between two questions to the launcher while the lease cannot be renewed.
+#: Seconds between two questions to the launcher while the lease cannot be renewed, and
+#: the longest one may take (it is asked that long before the lease may lapse).
 STANDING_INTERVAL: Final = 1.0
+STANDING_TIMEOUT: Final = 1.0
 #: Seconds between two log lines saying that the node rides out an etcd outage.
 OUTAGE_NOTE_INTERVAL: Final = 10.0
 #: Seconds a node keeps training for a job with no launcher (none took over) before it leaves.
 LEADERLESS_GRACE: Final = 60.0
+#: Seconds each look of a fenced node for etcd may take.
+AWAIT_STORE_LOOK: Final = 2.0
 #: Seconds a leaving node's store calls wait out an etcd outage (not --outage-timeout).
 LEAVING_OUTAGE_WAIT: Final = 5.0
+#: Seconds a store call of the loop may wait at least (and run past its deadline: the shortest
+#: attempt the store makes).
+STORE_CALL_MIN_WAIT: Final = 0.5
 #: Seconds the processes of a node whose leave timed out get between SIGTERM and SIGKILL: rank 0
 #: of ``ea.State`` writes its last commit to the checkpoint folder on SIGTERM (the Kubernetes
 #: worker's grace period is the leave timeout plus 30 s).
@@ -106,6 +113,9 @@ class Agent:
         self._skips = SkipReporter()
         #: What ``members/<node>`` says (rewritten on a leave and when peers become unreachable).
         self._member = MemberRecord(settings.host, settings.nproc_per_node, os.getpid())
+        #: The member record changed since it was last written (a write that failed is retried).
+        self._member_unsaved = False
+        self._member_write_failing = False  # said once per streak of failed writes
         self._prober = Prober(lambda unreachable: self._events.put(_Reach(unreachable)))
         self._listener: ProbeListener | None = None
         self._next_standing = 0.0
@@ -271,8 +281,10 @@ class Agent:
         waited_since = time.monotonic()
         while True:
             try:
-                status = self.store.get(keys.JOB_STATUS)
-                leader = self.store.get(keys.LEADER)
+                # A short look each time: a SIGTERM meanwhile is heeded within seconds.
+                with self.store.give_up_at(time.monotonic() + AWAIT_STORE_LOOK):
+                    status = self.store.get(keys.JOB_STATUS)
+                    leader = self.store.get(keys.LEADER)
             except StoreError as exc:
                 if any(item == _LEAVE for item in drain(self._events, timeout=1.0)):
                     return False
@@ -356,10 +368,7 @@ class Agent:
         node = self.settings.node_id
         changed = True
         while True:
-            lease = self._lease
-            overdue = lease is not None and (lease.lost or time.monotonic() > lease.safe_until)
-            if lease is not None and overdue and not self._ride_out(lease, rendezvous):
-                self._fence(time.monotonic() - lease.renewed_at)
+            if not self._lease_holds(rendezvous):
                 return None
             if changed:
                 job = self._job(cache)
@@ -396,7 +405,13 @@ class Agent:
                 incarnation > 0 for incarnation in self._desired.values()
             ):
                 return 0
-            changed = self._handle(cache, drain(self._events, timeout=self._wait_time()))
+            items = drain(self._events, timeout=self._wait_time())
+            # No store call may keep the loop from its lease check: each gives up in time.
+            with self.store.give_up_at(self._store_deadline()):
+                changed = self._handle(cache, items)
+                if self._member_unsaved:
+                    self._save_member()
+                self.processes.report_unreported()
             self.processes.kill_stopped()
 
     def _follow_leader(self, job: JobSnapshot, rendezvous: Endpoint) -> Endpoint:
@@ -436,35 +451,60 @@ class Agent:
         self.processes.running.clear()
         return True
 
-    def _ride_out(self, lease: Lease, rendezvous: Endpoint) -> bool:
+    def _lease_holds(self, rendezvous: Endpoint) -> bool:
+        """Whether the node goes on: False once it was fenced (cut off past its lease)."""
+        lease = self._lease
+        if lease is None:
+            return True
+        if time.monotonic() >= self._ask_at(lease):
+            self._refresh_standing(rendezvous)
+        overdue = lease.lost or time.monotonic() > lease.safe_until
+        if not overdue or self._ride_out(lease):
+            return True
+        self._fence(time.monotonic() - lease.renewed_at)
+        return False
+
+    def _ask_at(self, lease: Lease) -> float:
+        """When to ask the launcher whether it still counts this node: when the lease renewal
+        is late enough that the answer must be in by the moment the lease may have lapsed."""
+        if lease.lost:
+            return 0.0
+        return max(lease.safe_until - STANDING_TIMEOUT, lease.renewed_at + lease.ttl / 2)
+
+    def _refresh_standing(self, rendezvous: Endpoint) -> None:
+        """Ask the launcher whether it counts this node, at most once per STANDING_INTERVAL
+        (counted from the answer: a launcher out of reach keeps the last "no" that long)."""
+        if time.monotonic() < self._next_standing:
+            return
+        self._standing = ask_standing(rendezvous, self.settings.node_id, STANDING_TIMEOUT)
+        self._next_standing = time.monotonic() + STANDING_INTERVAL
+
+    def _ride_out(self, lease: Lease) -> bool:
         """The lease could not be renewed for its TTL, or etcd let it expire: whether the node
         carries on. It does when the launcher still counts it (etcd was away for everyone);
         an expired lease is then replaced and the member record written again."""
-        now = time.monotonic()
-        if now >= self._next_standing:
-            self._next_standing = now + STANDING_INTERVAL
-            self._standing = ask_standing(rendezvous, self.settings.node_id)
-            if self._standing is None or not self._standing.member:
-                return False
-            if not lease.lost and now >= self._next_outage_note:
-                self._next_outage_note = now + OUTAGE_NOTE_INTERVAL
-                log.warning(
-                    "[%s node %s] no lease renewal for %.1f s, but the launcher still counts "
-                    "this node: etcd is away for everyone, training goes on",
-                    self.settings.job_id,
-                    self.settings.node_id,
-                    now - lease.renewed_at,
-                )
         if self._standing is None or not self._standing.member:
             return False
+        now = time.monotonic()
+        if not lease.lost and now >= self._next_outage_note:
+            self._next_outage_note = now + OUTAGE_NOTE_INTERVAL
+            log.warning(
+                "[%s node %s] no lease renewal for %.1f s, but the launcher still counts "
+                "this node: etcd is away for everyone, training goes on",
+                self.settings.job_id,
+                self.settings.node_id,
+                now - lease.renewed_at,
+            )
         if lease.lost:
-            return self._register_again()
+            with self.store.give_up_at(self._store_deadline()):
+                return self._register_again()
         return True
 
     def _register_again(self) -> bool:
         """After etcd let the lease expire: the member record again, under a new lease, and the
-        records of the live processes (they were under the old one); False when etcd refused
-        (the next look asks the launcher again)."""
+        records of the live processes (they were under the old one). False when another holds
+        the member key (the node is fenced); when etcd did not answer in time, True: the node
+        rides on while the launcher counts it, and the next turn of the loop tries again."""
         settings = self.settings
         lease = None
         try:
@@ -488,8 +528,9 @@ class Agent:
             if lease is not None:
                 with contextlib.suppress(StoreError):
                     lease.revoke()
-            return False
+            return True
         self._lease = lease
+        self._member_unsaved = self._member_write_failing = False
         self._standing = None
         self._next_outage_note = 0.0
         log.info(
@@ -500,12 +541,22 @@ class Agent:
         )
         return True
 
+    def _store_deadline(self) -> float:
+        """When the loop's store calls must give up: in time for the question to the launcher
+        that must be answered by the moment the lease may have lapsed (once past that, while
+        the launcher counts this node: by the next such question)."""
+        now = time.monotonic()
+        lease = self._lease
+        ask_at = 0.0 if lease is None else self._ask_at(lease) - STORE_CALL_MIN_WAIT
+        if ask_at <= now:
+            return max(self._next_standing, now + STORE_CALL_MIN_WAIT)
+        return ask_at
+
     def _wait_time(self) -> float:
         """How long the loop may wait for events: until the next look at the processes, and
-        no later than the moment the lease may have expired (then: the next question to the
-        launcher)."""
+        no later than the next question to the launcher that the lease may call for."""
         now = time.monotonic()
-        limit = 1.0 if self._lease is None else self._lease.safe_until - now + 0.01
+        limit = 1.0 if self._lease is None else self._ask_at(self._lease) - now + 0.01
         if limit <= 0:
             limit = self._next_standing - now
         if self.processes.running:
@@ -570,9 +621,7 @@ class Agent:
         # Leaving during an etcd outage: say so if etcd answers soon, else just go.
         self.store.outage_timeout = min(self.store.outage_timeout, LEAVING_OUTAGE_WAIT)
         self._member = replace(self._member, leaving=True)
-        self.store.put(
-            keys.member(self.settings.node_id), self._member.to_json(), lease=self._lease
-        )
+        self._save_member()
         log.info(
             "[%s node %s] SIGTERM: leaving the job gracefully",
             self.settings.job_id,
@@ -588,6 +637,12 @@ class Agent:
         else:
             log.info("%s reaches every peer node again", prefix)
         self._member = replace(self._member, unreachable=tuple(sorted(unreachable)))
+        self._save_member()
+
+    def _save_member(self) -> None:
+        """Write the member record as this agent has it now; when etcd does not take it in
+        time, the loop tries again on its next turns (registering again writes it too)."""
+        self._member_unsaved = True
         if self._lease is None or self._lease.lost:
             return
         try:
@@ -595,7 +650,16 @@ class Agent:
                 keys.member(self.settings.node_id), self._member.to_json(), lease=self._lease
             )
         except StoreError as exc:
-            log.warning("%s could not record the unreachable peers: %s", prefix, exc)
+            if not self._member_write_failing:
+                log.warning(
+                    "[%s node %s] could not write its member record yet (trying again): %s",
+                    self.settings.job_id,
+                    self.settings.node_id,
+                    exc,
+                )
+            self._member_write_failing = True
+            return
+        self._member_unsaved = self._member_write_failing = False
 
     def _apply(self, directive: Directive, rendezvous: Endpoint) -> None:
         """Run the incarnation of each slot that the leader's directive names (0: none)."""

@@ -2,8 +2,9 @@
 with the agent -> process contract (:class:`elastic_allreduce.runtime.ProcessContract`), their
 output prefixed with job, ring epoch, rank and slot, their exits reported at
 ``exits/<slot>/<incarnation>`` (then the dead process's ``procs/<slot>`` record deleted: it is
-under the node's lease, which the agent keeps alive), stopped ones killed, all of them stopped
-when the node stops.
+under the node's lease, which the agent keeps alive; a report etcd does not take in time is
+sent again on a later turn of the agent's loop), stopped ones killed, all of them stopped when
+the node stops.
 
 Every STATE_CHECK_INTERVAL the supervisor looks at its processes' state in
 ``/proc/<pid>/stat``: a process that stays stopped (``T``: SIGSTOP, SIGTSTP; ``t``: held by a
@@ -117,6 +118,8 @@ class Processes:
         #: writes them again when it registers the node under a new lease (after etcd let the
         #: old one expire in an outage, which took the records with it).
         self.records: dict[int, ProcRecord] = {}
+        #: Ended processes whose exit etcd did not take yet (tried again on the loop's turns).
+        self._unreported: list[Process] = []
         self._print_lock = threading.Lock()
         self._next_state_check = 0.0
         self._devices = slot_devices(
@@ -336,7 +339,8 @@ class Processes:
     # -- exits -----------------------------------------------------------------------------
 
     def on_exit(self, proc: Process) -> None:
-        """An ended process, in the agent's loop: its exit reported (unless fenced)."""
+        """An ended process, in the agent's loop: its exit reported (unless fenced); when etcd
+        does not take the report in time, it is kept and sent on a later turn."""
         slot = slot_id(self.settings.node_id, proc.index)
         if proc.fenced:
             log.info("[%s] incarnation %d stopped (fenced)", self.prefix(slot), proc.incarnation)
@@ -345,10 +349,24 @@ class Processes:
             self._report_exit(proc, slot)
         except StoreError as exc:
             # etcd is unreachable: the lease check fences the node if it stays so.
-            log.warning("[%s] could not report the exit: %s", self.prefix(slot), exc)
+            log.warning(
+                "[%s] could not report the exit yet (trying again): %s", self.prefix(slot), exc
+            )
+            self._unreported.append(proc)
         if self.running.get(proc.index) is proc:
             del self.running[proc.index]
             self.records.pop(proc.index, None)
+
+    def report_unreported(self) -> None:
+        """Send the exit reports etcd did not take before, oldest first (each is idempotent);
+        stops at the first that fails again."""
+        while self._unreported:
+            proc = self._unreported[0]
+            try:
+                self._report_exit(proc, slot_id(self.settings.node_id, proc.index))
+            except StoreError:
+                return
+            self._unreported.pop(0)
 
     def remember(self, records: Mapping[str, ProcRecord]) -> None:
         """Note the records of this node's live processes as the store has them now."""

@@ -100,6 +100,18 @@ def start(host: Host, who: str, argv: list[str], output: Output) -> subprocess.P
     return proc
 
 
+def join_the_others(
+    hosts: TestHosts, etcd: str, job_id: str, output: Output
+) -> dict[str, subprocess.Popen[str]]:
+    """`elastic-run join` on every host but the launcher's; each by its host's name."""
+    return {
+        host.name: start(
+            host, host.name, [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id], output
+        )
+        for host in list(hosts)[1:]
+    }
+
+
 def training_pids(host: Host) -> list[int]:
     """The training processes (``elastic_allreduce.bootstrap``) running on ``host``."""
     found = []
@@ -118,6 +130,7 @@ def launch(
     *,
     family: socket.AddressFamily = socket.AF_INET,
     script: str = EA_SCRIPT,
+    ttl: int = TTL,
 ) -> tuple[subprocess.Popen[str], str, str]:
     """`elastic-run run --host H0 --workers 0` on the first host, at its address of
     ``family``; it, its etcd and job id."""
@@ -135,7 +148,7 @@ def launch(
             "--job-id",
             job_id,
             "--lease-ttl",
-            str(TTL),
+            str(ttl),
             *flags,
             "--",
             "python",
@@ -174,12 +187,7 @@ def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
         script=UNTIL_SCRIPT,
     )
     assert etcd.startswith(hosts[0].ipv4 + ":")
-    joins = {
-        host.name: start(
-            host, host.name, [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id], output
-        )
-        for host in list(hosts)[1:]
-    }
+    joins = join_the_others(hosts, etcd, job_id, output)
     output.wait_for("3 ranks training", lambda: len(output.commits(3)) >= 6, 100)
     for host in list(hosts)[1:]:
         # Each node found its own address and interface (not eth0) by itself.
@@ -388,6 +396,53 @@ def interface_addresses(host: Host) -> dict[str, set[str]]:
 
 
 @pytest.mark.timeout(240)
+def test_a_cut_node_is_fenced_in_time_while_its_agent_waits_on_etcd(
+    test_hosts: MakeTestHosts, tmp_path: Path
+) -> None:
+    """No store call may stand between an agent and its fencing deadline. With a 6 s lease, a
+    cut node's probes find its peers gone after about 2 s and its agent starts writing that
+    into its member record, a store call that waits out an outage, long before the lease is
+    due. Still the node's training process is stopped within TTL + 1 s of the cut, and the
+    agent waits to come back; the other rank trains on alone."""
+    ttl = 6
+    stuck_after = ("--stuck-timeout", str(2 * ttl))  # longer than the lease, as the CLI asks
+    hosts = test_hosts(3)
+    output = Output()
+    stop_file = tmp_path / "stop"
+    launcher, etcd, job_id = launch(
+        hosts,
+        output,
+        (*("--min-workers", "1", "--max-workers", "2", "--max-restarts", "0"), *stuck_after),
+        until(stop_file, step_delay=0.03),
+        script=UNTIL_SCRIPT,
+        ttl=ttl,
+    )
+    joins = join_the_others(hosts, etcd, job_id, output)
+    output.wait_for("2 ranks training", lambda: len(output.commits(2)) >= 4, 100)
+    cut_host = hosts[2]
+    assert len(training_pids(cut_host)) == 1, output.tail()
+    cut_at = time.monotonic()
+    cut_host.link_down()
+    deadline = cut_at + 3 * ttl
+    while training_pids(cut_host) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    fenced_after = time.monotonic() - cut_at
+    print(f"the cut node's rank stopped {fenced_after:.2f} s after the cut (TTL {ttl} s)")
+    cut_log = output.text(cut_host.name)
+    # The store call was under way: the probes had found the peers gone before the fence.
+    assert "cannot reach peer nodes" in cut_log.split("cut off from etcd", 1)[0], output.tail()
+    assert "cut off from etcd" in cut_log, output.tail()
+    assert fenced_after <= ttl + 1.0, output.tail()
+    assert joins[cut_host.name].poll() is None  # the agent waits to come back
+    output.wait_for("the other rank alone", lambda: len(output.commits(1, cut_at)) >= 2, 60)
+    stop_file.touch()
+    assert launcher.wait(timeout=120) == 0, output.tail()
+    assert joins[hosts[1].name].wait(timeout=60) == 0, output.tail()
+    joins[cut_host.name].terminate()
+    joins[cut_host.name].wait(timeout=30)
+
+
+@pytest.mark.timeout(240)
 def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(
     netns_available: None, tmp_path: Path
 ) -> None:
@@ -414,12 +469,7 @@ def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(
             script=UNTIL_SCRIPT,
         )
         assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
-        joins = {
-            host.name: start(
-                host, host.name, [ELASTIC_RUN, "join", "--etcd", etcd, "--job-id", job_id], output
-            )
-            for host in list(hosts)[1:]
-        }
+        joins = join_the_others(hosts, etcd, job_id, output)
         output.wait_for("2 ranks training", lambda: len(output.commits(2)) >= 4, 100)
         for host in list(hosts)[1:]:
             assert f"at {host.ipv6} (Gloo on {host.iface})" in output.text(host.name)

@@ -287,6 +287,43 @@ def test_calls_wait_out_an_outage_up_to_the_outage_timeout(
         patient.close()
 
 
+def test_a_call_gives_up_at_its_callers_deadline_and_only_that_threads_calls_do(
+    private_etcd: EmbeddedEtcd,
+) -> None:
+    """An etcd that accepts connections but answers nothing (SIGSTOP, as behind a cut link):
+    a put inside give_up_at(now + 1) raises within about a second, although the store waits
+    out outages for 30 s and each request for 5 s; the same put in another thread, outside
+    any deadline, still waits; and the store answers again once etcd does."""
+    store = EtcdStore(
+        private_etcd.endpoints_text, fresh_job_id(), request_timeout=5.0, outage_timeout=30.0
+    )
+    pid = private_etcd.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        patient: list[object] = []
+        other = threading.Thread(target=lambda: patient.append(store.put("other", 1)))
+        other.start()
+        started = time.monotonic()
+        with (
+            store.give_up_at(started + 1.0),
+            pytest.raises(StoreUnavailableError, match="gave up at the caller's deadline"),
+        ):
+            store.put("k", 1)
+        took = time.monotonic() - started
+        assert took < 2.0, took  # one attempt fits the deadline, not the 5 s request timeout
+        assert store.caller_deadline() is None  # the deadline ends with its block
+        other.join(timeout=1.5)
+        assert other.is_alive() and not patient  # no deadline there: still waiting
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    other.join(timeout=30)
+    assert patient, "the other thread's put did not get through once etcd answered"
+    with store.give_up_at(time.monotonic() + 5.0):
+        assert store.put("k", 2) > 0
+    store.close()
+
+
 def test_closing_after_an_outage_leaves_the_leases_to_their_ttl(
     private_etcd: EmbeddedEtcd, caplog: pytest.LogCaptureFixture
 ) -> None:
