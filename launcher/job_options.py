@@ -467,7 +467,8 @@ def _validate_timeouts(options: JobOptions) -> None:
     if not (math.isfinite(stuck) and stuck > ttl):
         raise ConfigError(
             f"--stuck-timeout ({_number(stuck)} s) must be longer than --lease-ttl ({ttl} s): "
-            "a dead process is noticed by its lease before a silent one is called stuck"
+            "a dead or cut-off node is noticed by its lease before a silent process is called "
+            "stuck"
         )
     if not (math.isfinite(resize) and resize > stuck):
         raise ConfigError(

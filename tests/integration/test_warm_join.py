@@ -2,7 +2,7 @@
 step at a ring of one before it asks to join, so the ranks that train meanwhile never wait for
 its set-up -- only for the state broadcast and one re-form.
 
-The joiner's set-up is made slow on purpose (TEST_SETUP_DELAY: 8 s before its model is built,
+The joiner's set-up is made slow on purpose (TEST_SETUP_DELAY: 10 s before its model is built,
 a stand-in for a big model or a cold cache): without the warm join the survivors would stand
 still for at least that long in the state broadcast (checked once by hand: see
 docs/contributing.md, "Mutation checks")."""
@@ -22,11 +22,12 @@ from tests.integration.harness import UNTIL_SCRIPT, Job, join_job, start_job, un
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 #: Seconds the joiner's set-up takes before its model is built.
-SETUP_DELAY = 8.0
+SETUP_DELAY = 10.0
 #: Seconds a re-form with the state broadcast may take on a loaded two-core machine, on top of
 #: ten normal steps: the functional bound of the survivors' longest pause, well under the
-#: joiner's set-up.
-REFORM_ALLOWANCE = 3.0
+#: joiner's set-up. (TF 2.21's survivors' reset is slower than 2.15's: one pause of 5.6 s was
+#: seen in a full `make test`, past the 3 s allowed before.)
+REFORM_ALLOWANCE = 5.0
 
 
 def test_a_warm_joiner_sets_up_before_it_joins_and_the_survivors_do_not_wait_for_it(
