@@ -575,7 +575,9 @@ class EtcdStore(Store):
                     if self.outage_timeout <= 0:
                         raise
                     deadline = now + self.outage_timeout
-                    log.warning(
+                    # A caller with a deadline says what its failure means, once.
+                    log.log(
+                        logging.WARNING if caller is None else logging.DEBUG,
                         "job %s: %s; retrying for up to %.0f s",
                         self.job_id,
                         exc,
