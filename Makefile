@@ -79,7 +79,7 @@ clean:
 
 # The benchmark suite: elastic-run side by side with horovodrun and MPI (bench/README.md).
 # Writes bench/results/latest.json, bench/results/latest.png and bench/RESULTS.md.
-# `bench` takes about 29 minutes on 2 cores, `bench-quick` about 7.
+# `bench` takes about 45 minutes on 2 cores on TensorFlow 2.21 (30 on 2.15), `bench-quick` about 12.
 bench: setup
 	VENV=$(VENV) bash scripts/setup-bench.sh
 	$(BIN)/python -m bench.suite
