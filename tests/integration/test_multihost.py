@@ -100,6 +100,30 @@ def start(host: Host, who: str, argv: list[str], output: Output) -> subprocess.P
     return proc
 
 
+def launch_until_stopped(
+    hosts: TestHosts,
+    output: Output,
+    flags: tuple[str, ...],
+    stop_file: Path,
+    *,
+    step_delay: float = 0.03,
+    family: socket.AddressFamily = socket.AF_INET,
+    ttl: int = TTL,
+) -> tuple[subprocess.Popen[str], str, str]:
+    """:func:`launch` of UNTIL_SCRIPT: the job trains until ``stop_file`` appears, once the
+    test has seen all it needs, not for a guessed step count (on a loaded machine a restarted
+    process's TensorFlow import can outlast any fixed number of steps)."""
+    return launch(
+        hosts,
+        output,
+        flags,
+        until(stop_file, step_delay=step_delay),
+        family=family,
+        script=UNTIL_SCRIPT,
+        ttl=ttl,
+    )
+
+
 def join_the_others(
     hosts: TestHosts, etcd: str, job_id: str, output: Output
 ) -> dict[str, subprocess.Popen[str]]:
@@ -177,15 +201,9 @@ def test_three_hosts_join_bare_survive_a_crash_and_a_cut_link(
 ) -> None:
     hosts = test_hosts(4)
     output = Output()
-    # Trains until the test has seen all it needs (a stop file), not for a guessed step count.
     stop_file = tmp_path / "stop"
-    launcher, etcd, job_id = launch(
-        hosts,
-        output,
-        ("--min-workers", "2", "--max-workers", "3", "--max-restarts", "1"),
-        ("--stop-file", str(stop_file), "--step-delay", "0.03"),
-        script=UNTIL_SCRIPT,
-    )
+    flags = ("--min-workers", "2", "--max-workers", "3", "--max-restarts", "1")
+    launcher, etcd, job_id = launch_until_stopped(hosts, output, flags, stop_file)
     assert etcd.startswith(hosts[0].ipv4 + ":")
     joins = join_the_others(hosts, etcd, job_id, output)
     output.wait_for("3 ranks training", lambda: len(output.commits(3)) >= 6, 100)
@@ -406,17 +424,11 @@ def test_a_cut_node_is_fenced_in_time_while_its_agent_waits_on_etcd(
     agent waits to come back; the other rank trains on alone."""
     ttl = 6
     stuck_after = ("--stuck-timeout", str(2 * ttl))  # longer than the lease, as the CLI asks
+    flags = ("--min-workers", "1", "--max-workers", "2", "--max-restarts", "0", *stuck_after)
     hosts = test_hosts(3)
     output = Output()
     stop_file = tmp_path / "stop"
-    launcher, etcd, job_id = launch(
-        hosts,
-        output,
-        (*("--min-workers", "1", "--max-workers", "2", "--max-restarts", "0"), *stuck_after),
-        until(stop_file, step_delay=0.03),
-        script=UNTIL_SCRIPT,
-        ttl=ttl,
-    )
+    launcher, etcd, job_id = launch_until_stopped(hosts, output, flags, stop_file, ttl=ttl)
     joins = join_the_others(hosts, etcd, job_id, output)
     output.wait_for("2 ranks training", lambda: len(output.commits(2)) >= 4, 100)
     cut_host = hosts[2]
@@ -460,13 +472,8 @@ def test_a_job_on_ipv6_only_hosts_trains_through_a_kill(
         output = Output()
         flags = ("--min-workers", "1", "--max-workers", "2", "--max-restarts", "1")
         dashboard = ("--metrics-port", "0")  # served on IPv6 too
-        launcher, etcd, job_id = launch(
-            hosts,
-            output,
-            (*flags, *dashboard),
-            until(stop_file, step_delay=0.02),
-            family=socket.AF_INET6,
-            script=UNTIL_SCRIPT,
+        launcher, etcd, job_id = launch_until_stopped(
+            hosts, output, (*flags, *dashboard), stop_file, step_delay=0.02, family=socket.AF_INET6
         )
         assert etcd.startswith(f"[{hosts[0].ipv6}]:"), etcd
         joins = join_the_others(hosts, etcd, job_id, output)
